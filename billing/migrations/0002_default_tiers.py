@@ -1,0 +1,16 @@
+"""Creates the ``free`` and ``paid`` tiers; ``manage.py bootstrap`` ensures the same rows later."""
+
+from django.db import migrations
+
+from billing.defaults import DEFAULT_TIERS
+
+
+def create_tiers(apps, schema_editor):
+    Tier = apps.get_model("billing", "Tier")
+    for name, values in DEFAULT_TIERS.items():
+        Tier.objects.get_or_create(name=name, defaults=values)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("billing", "0001_initial")]
+    operations = [migrations.RunPython(create_tiers, migrations.RunPython.noop)]

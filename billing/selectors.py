@@ -1,0 +1,41 @@
+"""Reads of usage and tiers."""
+
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from billing.models import UsageRecord
+
+
+def _usage_since(*, user, since: datetime) -> dict[str, int]:
+    totals = UsageRecord.objects.filter(user=user, created_at__gte=since).aggregate(
+        prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+        completion_tokens=Coalesce(Sum("completion_tokens"), 0),
+        requests=Count("id"),
+    )
+    totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
+    return totals
+
+
+def start_of_day(now: datetime | None = None) -> datetime:
+    """Midnight (aware, in the current time zone) of ``now``'s day."""
+    now = timezone.localtime(now or timezone.now())
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def usage_today(*, user, now: datetime | None = None) -> dict[str, int]:
+    """Token usage since local midnight: ``{"prompt_tokens", "completion_tokens", "total_tokens", "requests"}``."""
+    return _usage_since(user=user, since=start_of_day(now))
+
+
+def usage_this_month(*, user, now: datetime | None = None) -> dict[str, int]:
+    """Token usage since the first of the current month, same shape as :func:`usage_today`."""
+    return _usage_since(user=user, since=start_of_day(now).replace(day=1))
+
+
+def seconds_until_tomorrow(now: datetime | None = None) -> int:
+    """Seconds until the daily token quota resets (next local midnight)."""
+    now = now or timezone.now()
+    return max(1, int((start_of_day(now) + timedelta(days=1) - now).total_seconds()))

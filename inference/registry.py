@@ -1,0 +1,38 @@
+"""Django-side view of the model registry: turns ``settings.INFERENCE_MODELS`` into engine objects.
+
+This is the only place where settings meet ``inference.engine``, which itself knows nothing of Django.
+"""
+
+from django.conf import settings
+
+from inference.engine import EngineConfig, ModelSpec, UnknownModel
+
+
+def model_spec(name: str | None = None) -> ModelSpec:
+    """The :class:`ModelSpec` registered under ``name`` (default: ``INFERENCE_DEFAULT_MODEL``).
+    Raises :class:`UnknownModel` for a name not in ``INFERENCE_MODELS``."""
+    name = name or settings.INFERENCE_DEFAULT_MODEL
+    try:
+        entry = settings.INFERENCE_MODELS[name]
+    except KeyError as exc:
+        raise UnknownModel(
+            f"unknown model {name!r}; known: {', '.join(sorted(settings.INFERENCE_MODELS))}"
+        ) from exc
+    return ModelSpec(
+        name=name,
+        source=entry["source"],
+        gguf_file=entry.get("gguf_file"),
+        dtype=entry.get("dtype", "bfloat16"),
+        context_length=int(entry.get("context_length", 2048)),
+    )
+
+
+def engine_config() -> EngineConfig:
+    """Engine limits from settings (``INFERENCE_*``)."""
+    return EngineConfig(
+        max_num_seqs=settings.INFERENCE_MAX_NUM_SEQS,
+        max_num_batched_tokens=settings.INFERENCE_MAX_BATCHED_TOKENS,
+        max_waiting=settings.INFERENCE_MAX_WAITING,
+        device=settings.INFERENCE_DEVICE,
+        num_threads=settings.INFERENCE_NUM_THREADS,
+    )

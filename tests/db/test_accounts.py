@@ -1,0 +1,81 @@
+import pytest
+from django.urls import reverse
+
+from accounts.models import User
+from billing.models import Tier
+
+pytestmark = pytest.mark.django_db
+
+
+def test_new_user_joins_free_tier(alice):
+    assert alice.tier.name == "free"
+
+
+def test_signup_creates_user_logs_in_and_lands_on_empty_chat(client):
+    response = client.post(
+        reverse("accounts:signup"),
+        {
+            "username": "carol",
+            "email": "carol@example.com",
+            "password1": "Very-secret-42",
+            "password2": "Very-secret-42",
+        },
+    )
+    assert response.status_code == 302
+    assert response.url == reverse("conversations:new")
+    user = User.objects.get(username="carol")
+    assert user.tier.name == "free"
+    assert user.email == "carol@example.com"
+    page = client.get(response.url)
+    assert page.status_code == 200
+    assert list(page.context["conversations"]) == []
+    assert page.context["conversation"] is None
+
+
+def test_signup_with_mismatched_passwords_is_refused_and_stores_nothing(client):
+    response = client.post(
+        reverse("accounts:signup"),
+        {
+            "username": "carol",
+            "email": "carol@example.com",
+            "password1": "Very-secret-42",
+            "password2": "other-42x",
+        },
+    )
+    assert response.status_code == 400
+    assert response.context["form"].errors
+    assert not User.objects.filter(username="carol").exists()
+
+
+def test_login_page_is_served_and_login_redirects_to_chat(client, alice):
+    assert client.get(reverse("accounts:login")).status_code == 200
+    response = client.post(reverse("accounts:login"), {"username": "alice", "password": "pw-Secret-123"})
+    assert response.status_code == 302
+    assert response.url == reverse("conversations:new")
+
+
+def test_login_with_wrong_password_stays_on_login_page(client, alice):
+    response = client.post(reverse("accounts:login"), {"username": "alice", "password": "wrong"})
+    assert response.status_code == 200
+    assert "_auth_user_id" not in client.session
+
+
+def test_logout_requires_post_and_logs_out(client, alice):
+    client.force_login(alice)
+    response = client.post(reverse("accounts:logout"))
+    assert response.status_code == 302
+    assert "_auth_user_id" not in client.session
+
+
+def test_chat_page_requires_login(client):
+    response = client.get(reverse("conversations:new"))
+    assert response.status_code == 302
+    assert reverse("accounts:login") in response.url
+
+
+def test_profile_shows_tier_and_usage(client, alice):
+    client.force_login(alice)
+    response = client.get(reverse("accounts:profile"))
+    assert response.status_code == 200
+    assert response.context["tier"] == Tier.objects.get(name="free")
+    assert response.context["usage_today"]["total_tokens"] == 0
