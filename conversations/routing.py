@@ -1,1 +1,5 @@
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from conversations.consumers import ChatConsumer
+
+websocket_urlpatterns = [path("ws/chat/", ChatConsumer.as_asgi())]

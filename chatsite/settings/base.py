@@ -149,3 +149,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# Chat sampling defaults for the browser (the API may override per request).
+INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
+INFERENCE_TOP_P = env.float("INFERENCE_TOP_P", default=0.9)
+INFERENCE_REPETITION_PENALTY = env.float("INFERENCE_REPETITION_PENALTY", default=1.1)

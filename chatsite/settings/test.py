@@ -1,7 +1,7 @@
 """Test settings: real PostgreSQL and Redis (a separate Redis database), fast password hashing."""
 
 from .base import *  # noqa: F401,F403
-from .base import CHANNEL_LAYERS, env
+from .base import CHANNEL_LAYERS, DATABASES, env
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -20,3 +20,4 @@ CACHES = {
     }
 }
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default=REDIS_URL)
+DATABASES["default"]["CONN_MAX_AGE"] = 0

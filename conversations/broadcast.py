@@ -1,0 +1,208 @@
+"""The one module that owns channel-layer group names, Redis keys and the shapes of events sent to browsers.
+
+Every delta of a reply goes two ways (the pattern of zulip's ``send_event_on_commit`` plus a replay log):
+
+* to the channel-layer **group** ``chat.message.<id>`` (``channels_redis``), which live WebSocket consumers
+  have joined, as ``{"type": "chat.frame", "frame": {...}}``;
+* appended to the per-message **Redis stream** ``chatsite:stream:<id>`` (XADD), so that a client that
+  reconnects, refreshes or opens a second tab can replay what it missed (``resume``) and continue live.
+
+Frames are the server -> client messages of ``docs/websocket-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+
+CANCEL_CHANNEL = "chatsite:cancel"
+
+
+def message_group(message_id: int) -> str:
+    """Channel-layer group of one assistant message's stream."""
+    return f"chat.message.{message_id}"
+
+
+def stream_key(message_id: int) -> str:
+    """Redis stream holding one message's token frames (fields ``seq``, ``text``) for replay."""
+    return f"chatsite:stream:{message_id}"
+
+
+def lease_key(message_id: int) -> str:
+    """Redis key a worker keeps alive (TTL seconds) while it owns a generation; gone => worker died."""
+    return f"chatsite:lease:{message_id}"
+
+
+def cancel_key(message_id: int) -> str:
+    """Redis key set when a user pressed Stop, for workers that have not submitted the request yet."""
+    return f"chatsite:cancelled:{message_id}"
+
+
+# --- frame shapes -------------------------------------------------------------------------------------------
+
+
+def frame_queued(*, message, user_message_id: int | None, position: int) -> dict[str, Any]:
+    conversation = message.conversation
+    return {
+        "type": "queued",
+        "conversation_id": conversation.id,
+        "message_id": message.id,
+        "user_message_id": user_message_id,
+        "position": position,
+        "title": conversation.title,
+        "omitted_messages": message.omitted_messages,
+    }
+
+
+def frame_started(*, message_id: int, omitted_messages: int = 0) -> dict[str, Any]:
+    return {"type": "started", "message_id": message_id, "omitted_messages": omitted_messages}
+
+
+def frame_token(*, message_id: int, seq: int, text: str) -> dict[str, Any]:
+    return {"type": "token", "message_id": message_id, "seq": seq, "text": text}
+
+
+def frame_done(*, message) -> dict[str, Any]:
+    """The final frame of a reply, built from the stored message (the source of truth)."""
+    return {
+        "type": "done",
+        "message_id": message.id,
+        "status": message.status,
+        "finish_reason": message.finish_reason or None,
+        "content": message.content,
+        "usage": {
+            "prompt_tokens": message.prompt_tokens or 0,
+            "completion_tokens": message.completion_tokens or 0,
+        },
+        "ttft_ms": message.ttft_ms,
+        "duration_ms": message.duration_ms,
+        "error": message.error or None,
+        "omitted_messages": message.omitted_messages,
+    }
+
+
+def frame_error(
+    *, code: str, message: str, retry_after: float | None = None, message_id: int | None = None
+) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "retry_after": retry_after,
+        "message_id": message_id,
+    }
+
+
+# --- publishing (sync callers: services, Celery task threads) ------------------------------------------------
+
+_redis_lock = threading.Lock()
+_redis_client: redis.Redis | None = None
+
+
+def redis_client() -> redis.Redis:
+    """Process-wide synchronous Redis client (thread-safe connection pool) on ``settings.REDIS_URL``."""
+    global _redis_client
+    with _redis_lock:
+        if _redis_client is None:
+            _redis_client = redis.Redis.from_url(settings.REDIS_URL)
+        return _redis_client
+
+
+class _LayerLoop:
+    """One event loop thread per process for channel-layer sends from sync threads.
+
+    ``async_to_sync`` would build a fresh loop (and fresh Redis connections) per call from a Celery thread;
+    a single long-lived loop keeps ``channels_redis``'s connection pool warm. Each send waits for its
+    result so frames of one message leave in order.
+    """
+
+    def __init__(self):
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro, timeout: float = 10.0):
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._loop.run_forever, name="channel-layer-loop", daemon=True
+                ).start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+
+_layer_loop = _LayerLoop()
+
+
+def _group_send(message_id: int, frame: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _layer_loop.run(layer.group_send(message_group(message_id), {"type": "chat.frame", "frame": frame}))
+        return
+    raise RuntimeError("publish() is for sync code; await layer.group_send in async code")
+
+
+def publish(message_id: int, frame: dict[str, Any]) -> None:
+    """Send a frame to everyone watching ``message_id`` now (tokens also go to the replay stream)."""
+    if frame["type"] == "token":
+        client = redis_client()
+        key = stream_key(message_id)
+        pipe = client.pipeline(transaction=False)
+        pipe.xadd(key, {"seq": frame["seq"], "text": frame["text"]})
+        pipe.expire(key, settings.STREAM_REPLAY_TTL_S)
+        pipe.execute()
+    _group_send(message_id, frame)
+
+
+def publish_on_commit(message_id: int, frame: dict[str, Any]) -> None:
+    """:func:`publish` once the surrounding transaction commits (immediately outside one)."""
+    transaction.on_commit(lambda: publish(message_id, frame))
+
+
+def request_cancel(message_id: int) -> None:
+    """Ask whichever worker runs ``message_id`` to stop it (pub/sub), and leave a flag for one that has not
+    submitted it to its engine yet."""
+    client = redis_client()
+    client.set(cancel_key(message_id), 1, ex=settings.STREAM_REPLAY_TTL_S)
+    client.publish(CANCEL_CHANNEL, str(message_id))
+
+
+def stream_text(message_id: int) -> str:
+    """The text streamed so far for ``message_id`` (concatenated replay stream), "" when none."""
+    return "".join(fields[b"text"].decode() for _id, fields in redis_client().xrange(stream_key(message_id)))
+
+
+def cancel_requested(message_id: int) -> bool:
+    return bool(redis_client().exists(cancel_key(message_id)))
+
+
+# --- replay (async caller: the WebSocket consumer) ----------------------------------------------------------
+
+_async_clients: dict[int, aioredis.Redis] = {}
+
+
+def _async_redis() -> aioredis.Redis:
+    loop_id = id(asyncio.get_running_loop())
+    client = _async_clients.get(loop_id)
+    if client is None:
+        client = _async_clients[loop_id] = aioredis.Redis.from_url(settings.REDIS_URL)
+    return client
+
+
+async def replay_tokens(message_id: int, *, after_seq: int) -> list[dict[str, Any]]:
+    """Token frames of ``message_id`` with ``seq > after_seq``, in order, from the replay stream."""
+    entries = await _async_redis().xrange(stream_key(message_id))
+    frames = []
+    for _entry_id, fields in entries:
+        seq = int(fields[b"seq"])
+        if seq > after_seq:
+            frames.append(frame_token(message_id=message_id, seq=seq, text=fields[b"text"].decode()))
+    return frames

@@ -1,0 +1,62 @@
+"""Context assembly: the system prompt pinned, then as many of the most recent turns as fit.
+
+Counting uses the model's own tokenizer and chat template (a ``count_tokens`` callable), so the budget is
+exact for the prompt the engine will see. The window is a suffix of the history: older turns are left out
+first, never the newest user turn.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+ChatMessage = dict[str, str]
+
+
+class ContextTooLong(ValueError):
+    """Even the newest user turn alone (with the system prompt) exceeds the token budget."""
+
+
+@dataclass(frozen=True)
+class AssembledContext:
+    """``messages``: chat-template input (role/content dicts); ``omitted``: how many older turns were left
+    out; ``prompt_tokens``: their token count under the chat template."""
+
+    messages: list[ChatMessage]
+    omitted: int
+    prompt_tokens: int
+
+
+def assemble_context(
+    *,
+    system_prompt: str,
+    history: Sequence[ChatMessage],
+    budget_tokens: int,
+    count_tokens: Callable[[list[ChatMessage]], int],
+) -> AssembledContext:
+    """Fit ``history`` (oldest first, ending with the user turn to answer) into ``budget_tokens``.
+
+    ``count_tokens(messages)`` returns the token count of the rendered chat template including the generation
+    prompt. Monotonic in the number of turns kept, so a binary search needs O(log n) renders.
+    Raises :class:`ContextTooLong` when the newest turn cannot fit, ``ValueError`` for an empty history.
+    """
+    if not history:
+        raise ValueError("history must contain at least the user turn to answer")
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+    def count(start: int) -> int:
+        return count_tokens(head + list(history[start:]))
+
+    last = len(history) - 1
+    if count(last) > budget_tokens:
+        raise ContextTooLong(
+            f"the message is {count(last)} tokens; this plan's context allows {budget_tokens}"
+        )
+    # Smallest start index whose suffix fits: suffixes shrink as start grows.
+    lo, hi = 0, last
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(mid) <= budget_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    messages = head + list(history[lo:])
+    return AssembledContext(messages=messages, omitted=lo, prompt_tokens=count_tokens(messages))

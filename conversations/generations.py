@@ -1,0 +1,241 @@
+"""The life of a generated reply, from the user's request to its final stored text.
+
+Web side: :func:`reply_request`, :func:`reply_regenerate`, :func:`reply_cancel` (called by the consumer).
+Worker side: :func:`generation_start`, :func:`generation_history`, :func:`generation_set_context`,
+:func:`generation_finish` (called by ``inference/adapter.py``) and :func:`generations_reap_interrupted`.
+
+An assistant message moves ``queued -> streaming -> completed | cancelled | failed | interrupted``. Its
+text is written once, by :func:`generation_finish`; conditional UPDATEs (``WHERE status = ...``) settle
+races between Stop, the worker and the reaper without locks held across a generation.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from billing.services import usage_record_create
+from conversations import broadcast
+from conversations.admission import admission_check
+from conversations.models import Conversation, Message
+from conversations.selectors import conversation_get_for_user, message_get_for_user, message_last_assistant
+from conversations.services import conversation_create, message_create, title_from_content
+
+GENERATE_TASK = "inference.generate_reply"
+
+
+class GenerationError(Exception):
+    """A reply request that cannot be served; ``code`` is a protocol error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ReplyTicket:
+    """What the consumer tells the browser after a request was admitted."""
+
+    message: Message
+    user_message_id: int | None
+    position: int
+
+
+def queue_position(*, message: Message) -> int:
+    """1-based place in line among queued replies of the same tier queue (approximate: FIFO by id)."""
+    return Message.objects.filter(
+        role=Message.Role.ASSISTANT,
+        status=Message.Status.QUEUED,
+        id__lte=message.id,
+        conversation__owner__tier__queue_name=message.conversation.owner.tier.queue_name,
+    ).count()
+
+
+def _dispatch(message: Message) -> None:
+    tier = message.conversation.owner.tier
+    transaction.on_commit(
+        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=tier.queue_name)
+    )
+
+
+def _queue_reply(*, conversation: Conversation) -> Message:
+    if conversation.messages.filter(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES).exists():
+        raise GenerationError(
+            "too_many_generations", "A reply is still being generated in this conversation."
+        )
+    message = message_create(
+        conversation=conversation,
+        role=Message.Role.ASSISTANT,
+        content="",
+        status=Message.Status.QUEUED,
+        model_name=conversation.owner.tier.model_name,
+    )
+    _dispatch(message)
+    return message
+
+
+def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTicket:
+    """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
+    task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
+
+    Raises ``GenerationError("invalid_request")`` for empty/too long content, ``ConversationNotFound``,
+    ``AdmissionRefused`` (nothing stored in either case).
+    """
+    content = (content or "").strip()
+    if not content:
+        raise GenerationError("invalid_request", "The message is empty.")
+    if len(content) > settings.MAX_MESSAGE_CHARS:
+        raise GenerationError(
+            "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
+        )
+    with transaction.atomic():
+        if conversation_id is None:
+            conversation = conversation_create(owner=user, title=title_from_content(content))
+        else:
+            conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        admission_check(user=user)
+        user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
+        assistant = _queue_reply(conversation=conversation)
+    return ReplyTicket(
+        message=assistant, user_message_id=user_message.id, position=queue_position(message=assistant)
+    )
+
+
+def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
+    """Replace the conversation's last reply (finished in any state) with a new queued one.
+
+    Raises ``GenerationError`` when there is no reply to regenerate or one is still active.
+    """
+    with transaction.atomic():
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        last = message_last_assistant(conversation=conversation)
+        newest = conversation.messages.order_by("-created_at", "-id").first()
+        if last is None or newest != last:
+            raise GenerationError("invalid_request", "There is no reply to regenerate.")
+        if last.is_active:
+            raise GenerationError(
+                "too_many_generations", "A reply is still being generated in this conversation."
+            )
+        admission_check(user=user)
+        last.delete()
+        assistant = _queue_reply(conversation=conversation)
+    return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
+
+
+def reply_cancel(*, user, message_id: int) -> Message:
+    """Stop a reply. A queued one becomes ``cancelled`` at once; a streaming one is cancelled by its worker
+    within one decode step, keeping the partial text. A finished one is returned unchanged."""
+    message = message_get_for_user(user=user, message_id=message_id)
+    cancelled_now = Message.objects.filter(pk=message.pk, status=Message.Status.QUEUED).update(
+        status=Message.Status.CANCELLED, finish_reason="cancelled", updated_at=timezone.now()
+    )
+    message.refresh_from_db()
+    if cancelled_now:
+        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+    elif message.status == Message.Status.STREAMING:
+        broadcast.request_cancel(message.id)
+    return message
+
+
+# --- worker side ---------------------------------------------------------------------------------------------
+
+
+def generation_start(*, message_id: int) -> Message | None:
+    """Claim a queued reply for generation (``queued -> streaming``). None when it is no longer queued
+    (cancelled meanwhile, or a redelivered task whose reply already ended)."""
+    claimed = Message.objects.filter(pk=message_id, status=Message.Status.QUEUED).update(
+        status=Message.Status.STREAMING, updated_at=timezone.now()
+    )
+    if not claimed:
+        return None
+    return Message.objects.select_related("conversation__owner__tier").get(pk=message_id)
+
+
+def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
+    """``(system_prompt, turns)`` preceding ``message``, oldest first, as chat-template dicts. Replies that
+    ended with no text (failed, cancelled before any token) are left out."""
+    earlier = (
+        message.conversation.messages.filter(
+            created_at__lte=message.created_at, role__in=[Message.Role.USER, Message.Role.ASSISTANT]
+        )
+        .exclude(pk=message.pk)
+        .order_by("created_at", "id")
+    )
+    turns = [{"role": m.role, "content": m.content} for m in earlier if m.content]
+    return message.conversation.system_prompt, turns
+
+
+def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
+    message.omitted_messages = omitted
+    message.prompt_tokens = prompt_tokens
+    message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])
+
+
+def generation_finish(
+    *,
+    message: Message,
+    status: str,
+    text: str,
+    finish_reason: str = "",
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    ttft_ms: int | None = None,
+    duration_ms: int | None = None,
+    error: str = "",
+) -> Message:
+    """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
+    Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message."""
+    with transaction.atomic():
+        updated = Message.objects.filter(
+            pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
+        ).update(
+            status=status,
+            content=text,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            ttft_ms=ttft_ms,
+            duration_ms=duration_ms,
+            error=error,
+            updated_at=timezone.now(),
+        )
+        message.refresh_from_db()
+        if updated and (prompt_tokens or completion_tokens):
+            usage_record_create(
+                user=message.conversation.owner,
+                message=message,
+                model_name=message.model_name,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
+        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+    return message
+
+
+def generations_reap_interrupted(*, is_alive: Callable[[int], bool], grace_s: float = 15.0) -> list[int]:
+    """Mark ``streaming`` replies whose worker is gone (``is_alive(message_id)`` False, e.g. its lease key
+    expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, and tell
+    watching browsers. Returns the ids marked."""
+    cutoff = timezone.now() - timedelta(seconds=grace_s)
+    candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff).values_list(
+        "id", flat=True
+    )
+    reaped = []
+    for message_id in candidates:
+        if is_alive(message_id):
+            continue
+        with transaction.atomic():
+            if Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
+                status=Message.Status.INTERRUPTED,
+                content=broadcast.stream_text(message_id),
+                error="The worker generating this reply stopped. Retry to generate it again.",
+                updated_at=timezone.now(),
+            ):
+                message = Message.objects.get(pk=message_id)
+                broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
+                reaped.append(message_id)
+    return reaped

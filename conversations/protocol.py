@@ -1,0 +1,41 @@
+"""Client -> server WebSocket frames (``docs/websocket-protocol.md``), validated with pydantic."""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SendFrame(_Frame):
+    type: Literal["send"]
+    conversation_id: int | None = None
+    content: str
+
+
+class StopFrame(_Frame):
+    type: Literal["stop"]
+    message_id: int
+
+
+class ResumeFrame(_Frame):
+    type: Literal["resume"]
+    message_id: int
+    after_seq: int = Field(default=-1, ge=-1)
+
+
+class RegenerateFrame(_Frame):
+    type: Literal["regenerate"]
+    conversation_id: int
+
+
+ClientFrame = TypeAdapter(
+    Annotated[SendFrame | StopFrame | ResumeFrame | RegenerateFrame, Field(discriminator="type")]
+)
+
+
+def parse_client_frame(data) -> SendFrame | StopFrame | ResumeFrame | RegenerateFrame:
+    """Validate one decoded JSON frame. Raises ``pydantic.ValidationError`` with the offending field."""
+    return ClientFrame.validate_python(data)

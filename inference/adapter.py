@@ -1,0 +1,117 @@
+"""The thin adapter between the product and the engine: loads a reply's conversation, assembles its context,
+streams the engine's deltas through ``conversations.broadcast`` and persists the result.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from conversations import broadcast
+from conversations.context import ContextTooLong, assemble_context
+from conversations.generations import (
+    generation_finish,
+    generation_history,
+    generation_set_context,
+    generation_start,
+)
+from conversations.models import Message
+from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
+from inference.worker import WorkerHost, get_host
+
+logger = logging.getLogger(__name__)
+
+STATUS_BY_FINISH = {
+    "stop": Message.Status.COMPLETED,
+    "length": Message.Status.COMPLETED,
+    "cancelled": Message.Status.CANCELLED,
+    "error": Message.Status.FAILED,
+}
+
+
+def sampling_for(*, max_new_tokens: int) -> SamplingParams:
+    """Chat sampling defaults from settings (``INFERENCE_TEMPERATURE`` etc.) with the tier's reply limit."""
+    return SamplingParams(
+        temperature=settings.INFERENCE_TEMPERATURE,
+        top_p=settings.INFERENCE_TOP_P,
+        repetition_penalty=settings.INFERENCE_REPETITION_PENALTY,
+        max_new_tokens=max_new_tokens,
+    )
+
+
+def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
+    """Generate, stream and store one queued reply. Returns the final status, or ``"skipped"`` when the
+    reply was no longer queued (stopped before it started, or a redelivered task)."""
+    host = host or get_host()
+    message = generation_start(message_id=message_id)
+    if message is None:
+        return "skipped"
+    with host.track(message.id) as request_id:
+        try:
+            return _generate(host, message, request_id)
+        except ContextTooLong as exc:
+            return generation_finish(
+                message=message, status=Message.Status.FAILED, text="", error=str(exc)
+            ).status
+        except EngineError as exc:
+            return generation_finish(
+                message=message, status=Message.Status.FAILED, text="", error=str(exc)
+            ).status
+        except Exception:
+            logger.exception("generation of message %s failed", message.id)
+            text = broadcast.stream_text(message.id)
+            return generation_finish(
+                message=message,
+                status=Message.Status.FAILED,
+                text=text,
+                error="Internal error while generating.",
+            ).status
+
+
+def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
+    engine = host.engine
+    tier = message.conversation.owner.tier
+    system_prompt, turns = generation_history(message=message)
+    context_limit = min(tier.max_context_tokens, engine.context_length)
+    max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
+    context = assemble_context(
+        system_prompt=system_prompt,
+        history=turns,
+        budget_tokens=context_limit - max_new_tokens,
+        count_tokens=lambda messages: len(engine.render_chat(messages)),
+    )
+    generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+    broadcast.publish(
+        message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
+    )
+
+    handle = engine.submit(
+        engine.render_chat(context.messages),
+        sampling_for(max_new_tokens=max_new_tokens),
+        priority=tier.queue_priority,
+        request_id=request_id,
+    )
+    # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
+    if broadcast.cancel_requested(message.id):
+        handle.cancel()
+    final: FinishEvent | None = None
+    for event in handle.events():
+        if isinstance(event, TokenEvent):
+            broadcast.publish(
+                message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
+            )
+        else:
+            final = event
+    assert final is not None, "the engine ends every request with a FinishEvent"
+    return generation_finish(
+        message=message,
+        status=STATUS_BY_FINISH[final.finish_reason],
+        text=final.text,
+        finish_reason=final.finish_reason,
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
+        duration_ms=round(final.timings.total_ms),
+        error=final.error or "",
+    ).status

@@ -1,0 +1,20 @@
+"""Celery tasks of the GPU workers. Thin: parse, call the adapter."""
+
+from celery import shared_task
+from celery.signals import worker_ready
+
+
+@shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True)
+def generate_reply(message_id: int) -> str:
+    """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk)."""
+    from inference.adapter import run_generation
+
+    return run_generation(message_id=int(message_id))
+
+
+@worker_ready.connect
+def load_engine_at_start(**kwargs):
+    """Load the model when the worker starts, not on the first user's request."""
+    from inference.worker import get_host
+
+    get_host()

@@ -1,0 +1,188 @@
+"""Generation lifecycle services with the real database and the real Redis (broker queue, replay stream)."""
+
+import json
+
+import pytest
+
+from billing.models import Tier, UsageRecord
+from billing.services import usage_record_create
+from conversations import broadcast, generations, services
+from conversations.admission import AdmissionRefused
+from conversations.models import Conversation, Message
+from conversations.selectors import ConversationNotFound
+
+pytestmark = pytest.mark.django_db
+
+
+def queued_task_ids(redis_client, queue="inference.free"):
+    return [json.loads(raw)["headers"]["argsrepr"] for raw in redis_client.lrange(queue, 0, -1)]
+
+
+def test_send_stores_user_and_queued_reply_and_dispatches_on_commit(
+    alice, redis_clean, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        ticket = generations.reply_request(user=alice, conversation_id=None, content="  Hello there  ")
+    conversation = Conversation.objects.get(owner=alice)
+    assert conversation.title == "Hello there"
+    user_msg, reply = conversation.messages.order_by("id")
+    assert (user_msg.role, user_msg.content, user_msg.status) == ("user", "Hello there", "completed")
+    assert (reply.role, reply.status, reply.content) == ("assistant", "queued", "")
+    assert ticket.message == reply and ticket.user_message_id == user_msg.id and ticket.position == 1
+    assert queued_task_ids(redis_clean) == [f"[{reply.id}]"]
+
+
+def test_paid_user_is_routed_to_paid_queue(make_user, redis_clean, django_capture_on_commit_callbacks):
+    carol = make_user("carol", tier="paid")
+    with django_capture_on_commit_callbacks(execute=True):
+        ticket = generations.reply_request(user=carol, conversation_id=None, content="hi")
+    assert queued_task_ids(redis_clean, "inference.paid") == [f"[{ticket.message.id}]"]
+    assert queued_task_ids(redis_clean, "inference.free") == []
+
+
+@pytest.mark.parametrize("content", ["", "   ", "x" * 20001])
+def test_invalid_content_is_refused_and_nothing_stored(alice, content, settings):
+    settings.MAX_MESSAGE_CHARS = 20000
+    with pytest.raises(generations.GenerationError) as exc:
+        generations.reply_request(user=alice, conversation_id=None, content=content)
+    assert exc.value.code == "invalid_request"
+    assert not Conversation.objects.exists() and not Message.objects.exists()
+
+
+def test_free_user_is_refused_a_second_concurrent_reply(alice, redis_clean):
+    first = generations.reply_request(user=alice, conversation_id=None, content="one")
+    with pytest.raises(AdmissionRefused) as exc:
+        generations.reply_request(user=alice, conversation_id=None, content="two")
+    assert exc.value.code == "too_many_generations" and exc.value.retry_after
+    assert Message.objects.count() == 2 and Conversation.objects.count() == 1
+    assert first.message.status == "queued"
+
+
+def test_user_over_daily_quota_is_refused_until_midnight(alice, redis_clean):
+    usage_record_create(
+        user=alice, message=None, model_name="m", prompt_tokens=alice.tier.tokens_per_day, completion_tokens=0
+    )
+    with pytest.raises(AdmissionRefused) as exc:
+        generations.reply_request(user=alice, conversation_id=None, content="hi")
+    assert exc.value.code == "quota_exceeded" and 0 < exc.value.retry_after <= 86400
+    assert not Message.objects.exists()
+
+
+def test_rate_limit_refuses_the_request_over_the_tier_rate(alice, redis_clean):
+    Tier.objects.filter(name="free").update(requests_per_minute=2, max_concurrent_generations=10)
+    alice.refresh_from_db()
+    for i in range(2):
+        generations.reply_request(user=alice, conversation_id=None, content=f"m{i}")
+    with pytest.raises(AdmissionRefused) as exc:
+        generations.reply_request(user=alice, conversation_id=None, content="m3")
+    assert exc.value.code == "rate_limited" and exc.value.retry_after >= 1
+    assert Message.objects.filter(role="user").count() == 2
+
+
+def test_full_queue_refuses_with_busy_and_retry_after(alice, bob, redis_clean, settings):
+    settings.ADMISSION_MAX_QUEUED = 1
+    generations.reply_request(user=bob, conversation_id=None, content="first")
+    with pytest.raises(AdmissionRefused) as exc:
+        generations.reply_request(user=alice, conversation_id=None, content="second")
+    assert exc.value.code == "busy" and exc.value.retry_after == settings.ADMISSION_RETRY_AFTER_S
+    assert not Message.objects.filter(conversation__owner=alice).exists()
+
+
+def test_other_users_conversation_is_not_found(alice, bob, redis_clean):
+    conversation = services.conversation_create(owner=alice)
+    with pytest.raises(ConversationNotFound):
+        generations.reply_request(user=bob, conversation_id=conversation.id, content="hi")
+    assert not conversation.messages.exists()
+
+
+def test_stop_of_queued_reply_cancels_it_and_worker_skips_it(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    assert message.status == "cancelled" and message.finish_reason == "cancelled"
+    assert generations.generation_start(message_id=message.id) is None
+
+
+def test_stop_of_streaming_reply_asks_the_worker(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    generations.generation_start(message_id=ticket.message.id)
+    message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    assert message.status == "streaming"
+    assert broadcast.cancel_requested(message.id)
+
+
+def test_finish_writes_once_and_records_usage(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.generation_start(message_id=ticket.message.id)
+    assert message.status == "streaming"
+    generations.generation_finish(
+        message=message,
+        status="completed",
+        text="Hello!",
+        finish_reason="stop",
+        prompt_tokens=12,
+        completion_tokens=3,
+        ttft_ms=40,
+        duration_ms=90,
+    )
+    stored = Message.objects.get(pk=message.pk)
+    assert (stored.status, stored.content, stored.completion_tokens, stored.ttft_ms) == (
+        "completed",
+        "Hello!",
+        3,
+        40,
+    )
+    record = UsageRecord.objects.get()
+    assert (record.user, record.message, record.prompt_tokens, record.completion_tokens) == (
+        alice,
+        stored,
+        12,
+        3,
+    )
+    # A second finish (e.g. a redelivered task) changes nothing.
+    generations.generation_finish(message=message, status="failed", text="", error="late")
+    assert Message.objects.get(pk=message.pk).status == "completed"
+    assert UsageRecord.objects.count() == 1
+
+
+def test_history_excludes_empty_replies_and_later_messages(alice, redis_clean):
+    conversation = services.conversation_create(owner=alice, system_prompt="Be brief.")
+    services.message_create(conversation=conversation, role="user", content="q1")
+    services.message_create(conversation=conversation, role="assistant", content="", status="failed")
+    services.message_create(conversation=conversation, role="user", content="q2")
+    reply = services.message_create(conversation=conversation, role="assistant", content="", status="queued")
+    system, turns = generations.generation_history(message=reply)
+    assert system == "Be brief."
+    assert turns == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
+
+
+def test_regenerate_replaces_last_reply(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.generation_start(message_id=ticket.message.id)
+    generations.generation_finish(message=message, status="completed", text="old", finish_reason="stop")
+    new = generations.reply_regenerate(user=alice, conversation_id=message.conversation_id)
+    assert not Message.objects.filter(pk=message.pk).exists()
+    assert new.message.status == "queued" and new.user_message_id is None
+    assert list(
+        Message.objects.filter(conversation_id=message.conversation_id).values_list("role", flat=True)
+    ) == [
+        "user",
+        "assistant",
+    ]
+
+
+def test_regenerate_refuses_while_reply_active(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    with pytest.raises(generations.GenerationError):
+        generations.reply_regenerate(user=alice, conversation_id=ticket.message.conversation_id)
+    assert Message.objects.get(pk=ticket.message.pk).status == "queued"
+
+
+def test_reaper_marks_orphaned_streaming_reply_interrupted_with_partial_text(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.generation_start(message_id=ticket.message.id)
+    for seq, text in enumerate(["Hel", "lo"]):
+        broadcast.publish(message.id, broadcast.frame_token(message_id=message.id, seq=seq, text=text))
+    assert generations.generations_reap_interrupted(is_alive=lambda _id: True, grace_s=0) == []
+    assert generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
+    stored = Message.objects.get(pk=message.pk)
+    assert stored.status == "interrupted" and stored.content == "Hello" and stored.error

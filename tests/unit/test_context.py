@@ -1,0 +1,57 @@
+import pytest
+
+from conversations.context import ContextTooLong, assemble_context
+
+
+def words(messages):
+    """A stand-in token counter: one token per word plus 3 per message (template overhead), +2 generation prompt."""
+    return sum(len(m["content"].split()) + 3 for m in messages) + 2
+
+
+def turns(*contents):
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": c} for i, c in enumerate(contents)]
+
+
+def test_everything_fits_nothing_omitted():
+    history = turns("a b", "c d", "e f")
+    ctx = assemble_context(system_prompt="be nice", history=history, budget_tokens=100, count_tokens=words)
+    assert ctx.omitted == 0
+    assert ctx.messages[0] == {"role": "system", "content": "be nice"}
+    assert ctx.messages[1:] == history
+    assert ctx.prompt_tokens == words(ctx.messages)
+
+
+def test_oldest_turns_are_left_out_and_system_prompt_stays_pinned():
+    history = turns("one two three four", "five six seven eight", "nine ten", "eleven", "twelve thirteen")
+    budget = words([{"role": "system", "content": "sys"}] + history[2:])
+    ctx = assemble_context(system_prompt="sys", history=history, budget_tokens=budget, count_tokens=words)
+    assert ctx.omitted == 2
+    assert ctx.messages == [{"role": "system", "content": "sys"}] + history[2:]
+    assert ctx.prompt_tokens <= budget
+
+
+def test_window_is_the_longest_suffix_that_fits():
+    history = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4)])
+    for budget in range(10, 60):
+        try:
+            ctx = assemble_context(
+                system_prompt="", history=history, budget_tokens=budget, count_tokens=words
+            )
+        except ContextTooLong:
+            assert words(history[-1:]) > budget
+            continue
+        assert words(ctx.messages) <= budget
+        if ctx.omitted:
+            assert words(history[ctx.omitted - 1 :]) > budget
+
+
+def test_newest_turn_too_long_raises():
+    with pytest.raises(ContextTooLong, match="context allows 5"):
+        assemble_context(
+            system_prompt="", history=turns("a b c d e f g"), budget_tokens=5, count_tokens=words
+        )
+
+
+def test_empty_history_is_an_error():
+    with pytest.raises(ValueError):
+        assemble_context(system_prompt="x", history=[], budget_tokens=10, count_tokens=words)
