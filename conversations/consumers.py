@@ -26,10 +26,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
+        # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
+        # which the page would treat as a network error and retry forever.
+        await self.accept()
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        await self.accept()
 
     async def disconnect(self, code):
         for message_id in getattr(self, "watching", ()):
@@ -90,6 +91,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not message.is_active:
             await self.send_json(broadcast.frame_done(message=message))
             return
+        if message.status == message.Status.QUEUED:
+            position = await database_sync_to_async(generations.queue_position)(message=message)
+            await self.send_json(broadcast.frame_queued(message=message, user_message_id=None, position=position))
+            return
+        await self.send_json(broadcast.frame_started(message_id=message.id, omitted_messages=message.omitted_messages))
         for token in await broadcast.replay_tokens(message.id, after_seq=frame.after_seq):
             await self.send_json(token)
 

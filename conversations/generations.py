@@ -22,7 +22,7 @@ from billing.services import usage_record_create
 from conversations import broadcast
 from conversations.admission import admission_check
 from conversations.models import Conversation, Message
-from conversations.selectors import conversation_get_for_user, message_get_for_user, message_last_assistant
+from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
 
 GENERATE_TASK = "inference.generate_reply"
@@ -106,22 +106,21 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
 
 
 def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
-    """Replace the conversation's last reply (finished in any state) with a new queued one.
+    """Replace the conversation's last reply (finished in any state) with a new queued one; when the
+    conversation ends with a user message that has no reply, queue one for it.
 
-    Raises ``GenerationError`` when there is no reply to regenerate or one is still active.
+    Raises ``GenerationError`` when there is nothing to answer or a reply is still active.
     """
     with transaction.atomic():
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        last = message_last_assistant(conversation=conversation)
         newest = conversation.messages.order_by("-created_at", "-id").first()
-        if last is None or newest != last:
+        if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
             raise GenerationError("invalid_request", "There is no reply to regenerate.")
-        if last.is_active:
-            raise GenerationError(
-                "too_many_generations", "A reply is still being generated in this conversation."
-            )
+        if newest.is_active:
+            raise GenerationError("too_many_generations", "A reply is still being generated in this conversation.")
         admission_check(user=user)
-        last.delete()
+        if newest.role == Message.Role.ASSISTANT:
+            newest.delete()
         assistant = _queue_reply(conversation=conversation)
     return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
 

@@ -35,10 +35,18 @@ def bob(make_user):
 
 @pytest.fixture
 def redis_clean(settings):
-    """Empty the test Redis database (channel layer, replay streams, broker queues, rate-limit counters)."""
+    """Empty our keys in the test Redis database: channel layer, replay streams, leases, rate-limit counters
+    and the broker's queued messages. Kombu's queue bindings stay, so a running worker keeps receiving."""
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
+
+    def clean():
+        for pattern in ("chatsite*", "asgi*", "inference.*"):
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                client.delete(*keys)
+
+    clean()
     yield client
-    client.flushdb()
+    clean()

@@ -170,6 +170,21 @@ def test_regenerate_replaces_last_reply(alice, redis_clean):
     ]
 
 
+def test_regenerate_answers_a_user_message_left_without_reply(alice, redis_clean):
+    conversation = services.conversation_create(owner=alice)
+    services.message_create(conversation=conversation, role="user", content="unanswered")
+    ticket = generations.reply_regenerate(user=alice, conversation_id=conversation.id)
+    assert ticket.message.status == "queued"
+    assert list(conversation.messages.values_list("role", flat=True)) == ["user", "assistant"]
+
+
+def test_regenerate_of_empty_conversation_is_refused(alice, redis_clean):
+    conversation = services.conversation_create(owner=alice)
+    with pytest.raises(generations.GenerationError):
+        generations.reply_regenerate(user=alice, conversation_id=conversation.id)
+    assert not conversation.messages.exists()
+
+
 def test_regenerate_refuses_while_reply_active(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     with pytest.raises(generations.GenerationError):
