@@ -93,9 +93,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         if message.status == message.Status.QUEUED:
             position = await database_sync_to_async(generations.queue_position)(message=message)
-            await self.send_json(broadcast.frame_queued(message=message, user_message_id=None, position=position))
+            await self.send_json(
+                broadcast.frame_queued(message=message, user_message_id=None, position=position)
+            )
             return
-        await self.send_json(broadcast.frame_started(message_id=message.id, omitted_messages=message.omitted_messages))
+        await self.send_json(
+            broadcast.frame_started(message_id=message.id, omitted_messages=message.omitted_messages)
+        )
         for token in await broadcast.replay_tokens(message.id, after_seq=frame.after_seq):
             await self.send_json(token)
 

@@ -117,7 +117,9 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
             raise GenerationError("invalid_request", "There is no reply to regenerate.")
         if newest.is_active:
-            raise GenerationError("too_many_generations", "A reply is still being generated in this conversation.")
+            raise GenerationError(
+                "too_many_generations", "A reply is still being generated in this conversation."
+            )
         admission_check(user=user)
         if newest.role == Message.Role.ASSISTANT:
             newest.delete()

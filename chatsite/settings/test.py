@@ -21,3 +21,4 @@ CACHES = {
 }
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default=REDIS_URL)
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests
