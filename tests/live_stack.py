@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 WORKER_READY_LINE = "engine ready"
 
 

@@ -1,5 +1,7 @@
 """The chat consumer over the real Redis channel layer (``WebsocketCommunicator``, real PostgreSQL)."""
 
+import asyncio
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -173,4 +175,17 @@ async def test_other_users_message_is_not_found(session_cookie, bob, redis_clean
         assert (await ws.receive_json_from())["code"] == "not_found"
     assert (await database_sync_to_async(Message.objects.get)(pk=ticket.message.id)).status == "queued"
     assert await database_sync_to_async(Message.objects.count)() == 2
+    await ws.disconnect()
+
+
+async def test_idle_socket_survives_longer_than_a_redis_socket_timeout(session_cookie, redis_clean):
+    """A tab that waits in silence (queued behind others) must still get the next frame."""
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "Hi"})
+    message_id = (await ws.receive_json_from())["message_id"]
+    await asyncio.sleep(7)  # redis-py 8's default socket_timeout is 5 s
+    await sync_to_async(broadcast.publish)(
+        message_id, broadcast.frame_token(message_id=message_id, seq=0, text="late")
+    )
+    assert (await ws.receive_json_from(timeout=5))["text"] == "late"
     await ws.disconnect()

@@ -1,0 +1,143 @@
+"""``ours``: chatsite's continuous-batching engine (``inference.engine.LLMEngine``).
+
+Iteration-level scheduling (Orca, OSDI'22) with chunked prefill under a per-step token budget (vLLM's
+``max_num_batched_tokens``). The engine runs in its own background thread (``engine.start()``); a feeder
+submits each request at its arrival time and one consumer thread per request iterates ``handle.events()``,
+stamping every token with ``perf_counter()`` when the client receives it (client-side timestamps, including
+event delivery latency; tokens delivered in one event share a timestamp).
+
+Ignore-EOS: ``SamplingParams(ignore_eos=True)`` when the engine has that field. Until it does, the engine is
+built from a copy of the ``LoadedModel`` whose ``eos_token_ids`` is empty (the engine reads its EOS set from
+there at construction), so EOS is treated as an ordinary token -- the same semantics -- and the cell notes it.
+
+Token accounting: ``TokenEvent.token_ids`` omits tokens that produced no text; ``FinishEvent.usage`` has the
+true count, and any tokens not seen in events are timestamped at the FinishEvent (noted in the cell).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+import time
+from collections.abc import Sequence
+
+from .common import System, sleep_until
+from .metrics import RequestRecord
+from .workloads import Request
+
+
+def _param_names(cls) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    return set(inspect.signature(cls).parameters)
+
+
+class OursSystem(System):
+    name = "ours"
+
+    def __init__(self, bm, opts):
+        super().__init__(bm, opts)
+        from inference.engine import EngineConfig, LLMEngine, SamplingParams
+
+        if bm.engine_loaded is None:
+            raise RuntimeError("ours needs the model loaded through inference.engine.load_model")
+        cfg_kwargs = {
+            "max_num_seqs": int(opts.get("max_seqs", 32)),
+            "max_num_batched_tokens": int(opts.get("max_batch_tokens", 512)),
+            "kv_cache_tokens": opts.get("kv_cache_tokens"),
+            "max_waiting": int(opts.get("max_waiting", 256)),
+        }
+        names = _param_names(EngineConfig)
+        if "device" in names:
+            cfg_kwargs["device"] = "cpu"
+        if "num_threads" in names and opts.get("threads"):
+            cfg_kwargs["num_threads"] = int(opts["threads"])
+        self._SamplingParams = SamplingParams
+        self._ignore_eos = "ignore_eos" in _param_names(SamplingParams)
+        loaded = bm.engine_loaded
+        if not self._ignore_eos:
+            loaded = dataclasses.replace(loaded, eos_token_ids=())
+            self.notes.append("SamplingParams has no ignore_eos: engine built with eos_token_ids=() instead")
+        self.engine = LLMEngine(loaded, EngineConfig(**cfg_kwargs))
+        self._started = False
+        self._late_tokens = 0
+
+    def _params(self, max_new_tokens: int):
+        kw = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+        if self._ignore_eos:
+            kw["ignore_eos"] = True
+        return self._SamplingParams(**kw)
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.engine.start()
+            self._started = True
+
+    def _consume(self, handle, rec: RequestRecord) -> None:
+        """Drain one request's events into ``rec`` (runs in its own thread)."""
+        try:
+            for ev in handle.events():
+                now = time.perf_counter()
+                kind = type(ev).__name__
+                if kind == "TokenEvent":
+                    toks = list(getattr(ev, "token_ids", None) or [])
+                    rec.token_ids.extend(toks)
+                    rec.token_times.extend([now] * len(toks))
+                elif kind == "FinishEvent":
+                    err = getattr(ev, "error", None)
+                    if err:
+                        rec.error = str(err)
+                    usage = getattr(ev, "usage", None)
+                    missing = (getattr(usage, "completion_tokens", 0) or 0) - len(rec.token_times)
+                    if missing > 0:  # tokens that produced no text are only counted in usage
+                        rec.token_times.extend([now] * missing)
+                        self._late_tokens += missing
+                    break
+        except Exception as e:
+            rec.error = f"{type(e).__name__}: {e}"
+
+    def warmup(self, requests: Sequence[Request]) -> None:
+        self._ensure_started()
+        threads = []
+        for i, r in enumerate(requests[:2]):
+            rec = RequestRecord(-1 - i, time.perf_counter(), 0, 4)
+            h = self.engine.submit(list(r.prompt_token_ids[: 16 + 8 * i]), self._params(4))
+            th = threading.Thread(target=self._consume, args=(h, rec), daemon=True)
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join(timeout=300)
+
+    def run(self, requests: Sequence[Request], t0: float) -> list[RequestRecord]:
+        self._ensure_started()
+        self._late_tokens = 0
+        ordered = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
+        records = [RequestRecord(r.rid, t0 + r.arrival_s, r.prompt_len, r.max_new_tokens) for r in ordered]
+        consumers = []
+        for r, rec in zip(ordered, records, strict=True):
+            sleep_until(rec.arrival)
+            try:
+                h = self.engine.submit(list(r.prompt_token_ids), self._params(r.max_new_tokens))
+            except Exception as e:
+                rec.error = f"{type(e).__name__}: {e}"
+                continue
+            th = threading.Thread(
+                target=self._consume, args=(h, rec), name=f"ours-consumer-{r.rid}", daemon=True
+            )
+            th.start()
+            consumers.append(th)
+        deadline = time.perf_counter() + float(self.opts.get("timeout_s", 3600))
+        for th in consumers:
+            th.join(timeout=max(0.0, deadline - time.perf_counter()))
+            if th.is_alive():
+                self.notes.append("timed out waiting for a request")
+                break
+        if self._late_tokens:
+            self.notes.append(f"{self._late_tokens} tokens not in any TokenEvent, stamped at FinishEvent")
+        return records
+
+    def close(self) -> None:
+        if self._started:
+            self.engine.shutdown()
+            self._started = False
