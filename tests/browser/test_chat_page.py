@@ -55,7 +55,7 @@ def wait_status(page, status, timeout=120_000):
     )
 
 
-def test_sign_up_chat_stop_and_resume_after_reload(page, live_server_url):
+def test_sign_up_chat_stop_and_resume_after_reload(page, tmp_path):
     # Sign up and land on an empty chat.
     page.goto("/accounts/signup/")
     page.fill("input[name=username]", "browser-user")
@@ -103,4 +103,4 @@ def test_sign_up_chat_stop_and_resume_after_reload(page, live_server_url):
     shown = last_assistant(page).locator(".content").inner_text()
     # Markdown rendering changes whitespace; compare the words.
     assert shown.split()[:5] == resumed.content.split()[:5]
-    page.screenshot(path="/tmp/chatsite-browser-test.png", full_page=True)
+    page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
