@@ -190,3 +190,32 @@ async def test_killed_worker_leaves_reply_interrupted_not_streaming(
         and message.content == done["content"]
     )
     await ws.disconnect()
+
+
+async def test_old_turns_left_out_of_a_small_context_are_recorded(
+    celery_worker, session_cookie, alice, redis_clean
+):
+    from conversations import services
+
+    def long_conversation():
+        Tier.objects.filter(name="free").update(max_context_tokens=160, max_reply_tokens=8)
+        conversation = services.conversation_create(owner=alice, title="long", system_prompt="You are terse.")
+        for i in range(6):
+            services.message_create(
+                conversation=conversation, role="user", content=f"Turn {i}: " + "tell me more " * 8
+            )
+            services.message_create(conversation=conversation, role="assistant", content="Sure. " * 10)
+        return conversation.id
+
+    conversation_id = await database_sync_to_async(long_conversation)()
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": conversation_id, "content": "And finally?"})
+    message_id = (await receive(ws))["message_id"]
+    frames = await read_until(ws, lambda f: f["type"] == "done")
+    started, done = frames[0], frames[-1]
+    message = await stored(message_id)
+    assert started["type"] == "started" and started["omitted_messages"] == message.omitted_messages > 0
+    assert done["omitted_messages"] == message.omitted_messages
+    # The prompt that was sent fits the tier's context minus its reply limit.
+    assert message.prompt_tokens <= 160 - 8
+    await ws.disconnect()
