@@ -40,6 +40,15 @@ def lease_key(message_id: int) -> str:
     return f"chatsite:lease:{message_id}"
 
 
+#: Seconds a worker's lease on a reply lives without a refresh (the worker refreshes it every 2 s).
+LEASE_TTL_S = 10
+
+
+def lease_alive(message_id: int) -> bool:
+    """Whether some worker still holds the lease of ``message_id`` (False once it was killed)."""
+    return bool(redis_client().exists(lease_key(message_id)))
+
+
 def cancel_key(message_id: int) -> str:
     """Redis key set when a user pressed Stop, for workers that have not submitted the request yet."""
     return f"chatsite:cancelled:{message_id}"

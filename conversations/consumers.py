@@ -85,7 +85,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # Join the group before reading the message: a frame published in between arrives live, and the
         # browser drops seqs it already has.
         await self.watch(frame.message_id, check_access=True)
-        message = await database_sync_to_async(message_get_for_user)(
+        message = await database_sync_to_async(generations.reply_for_resume)(
             user=self.user, message_id=frame.message_id
         )
         if not message.is_active:

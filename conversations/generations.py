@@ -142,6 +142,16 @@ def reply_cancel(*, user, message_id: int) -> Message:
     return message
 
 
+def reply_for_resume(*, user, message_id: int) -> Message:
+    """The reply a tab asks to resume, settled first if its worker died (lease gone) and no live worker's
+    reaper has marked it yet, so a reload never shows a reply streaming forever."""
+    message = message_get_for_user(user=user, message_id=message_id)
+    if message.status == Message.Status.STREAMING and not broadcast.lease_alive(message.id):
+        if generations_reap_interrupted(message_ids=[message.id]):
+            message.refresh_from_db()
+    return message
+
+
 # --- worker side ---------------------------------------------------------------------------------------------
 
 
@@ -217,14 +227,21 @@ def generation_finish(
     return message
 
 
-def generations_reap_interrupted(*, is_alive: Callable[[int], bool], grace_s: float = 15.0) -> list[int]:
+def generations_reap_interrupted(
+    *,
+    is_alive: Callable[[int], bool] = broadcast.lease_alive,
+    grace_s: float = broadcast.LEASE_TTL_S,
+    message_ids: list[int] | None = None,
+) -> list[int]:
     """Mark ``streaming`` replies whose worker is gone (``is_alive(message_id)`` False, e.g. its lease key
-    expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, and tell
-    watching browsers. Returns the ids marked."""
+    expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, keeping
+    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. Returns the ids
+    marked."""
     cutoff = timezone.now() - timedelta(seconds=grace_s)
-    candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff).values_list(
-        "id", flat=True
-    )
+    candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff)
+    if message_ids is not None:
+        candidates = candidates.filter(pk__in=message_ids)
+    candidates = candidates.values_list("id", flat=True)
     reaped = []
     for message_id in candidates:
         if is_alive(message_id):

@@ -28,7 +28,7 @@ from inference.registry import engine_config, model_spec
 
 logger = logging.getLogger(__name__)
 
-LEASE_TTL_S = 10
+LEASE_TTL_S = broadcast.LEASE_TTL_S
 LEASE_REFRESH_S = 2.0
 REAPER_INTERVAL_S = 5.0
 
@@ -116,13 +116,9 @@ class WorkerHost:
                 logger.exception("reaper failed")
 
 
-def lease_alive(message_id: int) -> bool:
-    return bool(broadcast.redis_client().exists(broadcast.lease_key(message_id)))
-
-
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
     """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``)."""
-    reaped = generations_reap_interrupted(is_alive=lease_alive, grace_s=grace_s)
+    reaped = generations_reap_interrupted(grace_s=grace_s)
     if reaped:
         logger.warning("marked %d reply(ies) interrupted: %s", len(reaped), reaped)
     return reaped

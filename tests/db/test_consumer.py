@@ -1,12 +1,14 @@
 """The chat consumer over the real Redis channel layer (``WebsocketCommunicator``, real PostgreSQL)."""
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.utils import timezone
 
 from chatsite.asgi import application
 from conversations import broadcast, generations
@@ -188,4 +190,25 @@ async def test_idle_socket_survives_longer_than_a_redis_socket_timeout(session_c
         message_id, broadcast.frame_token(message_id=message_id, seq=0, text="late")
     )
     assert (await ws.receive_json_from(timeout=5))["text"] == "late"
+    await ws.disconnect()
+
+
+async def test_resume_of_a_reply_whose_worker_died_answers_interrupted(session_cookie, redis_clean):
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "Hi"})
+    message_id = (await ws.receive_json_from())["message_id"]
+    await ws.disconnect()
+    await database_sync_to_async(generations.generation_start)(message_id=message_id)
+    await sync_to_async(broadcast.publish)(
+        message_id, broadcast.frame_token(message_id=message_id, seq=0, text="par")
+    )
+    # No lease was ever taken (as after a SIGKILL once it expired); make the reply look stale.
+    await database_sync_to_async(
+        lambda: Message.objects.filter(pk=message_id).update(updated_at=timezone.now() - timedelta(minutes=1))
+    )()
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "resume", "message_id": message_id, "after_seq": -1})
+    frames = [await ws.receive_json_from() for _ in range(2)]  # done (publish_on_commit) and done (resume)
+    assert all(f["type"] == "done" and f["status"] == "interrupted" and f["content"] == "par" for f in frames)
+    assert (await database_sync_to_async(Message.objects.get)(pk=message_id)).status == "interrupted"
     await ws.disconnect()

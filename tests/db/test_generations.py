@@ -201,3 +201,22 @@ def test_reaper_marks_orphaned_streaming_reply_interrupted_with_partial_text(ali
     assert generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
     stored = Message.objects.get(pk=message.pk)
     assert stored.status == "interrupted" and stored.content == "Hello" and stored.error
+
+
+def test_reap_command_marks_only_replies_without_a_lease(alice, bob, redis_clean):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    orphan = generations.generation_start(
+        message_id=generations.reply_request(user=alice, conversation_id=None, content="a").message.id
+    )
+    owned = generations.generation_start(
+        message_id=generations.reply_request(user=bob, conversation_id=None, content="b").message.id
+    )
+    redis_clean.set(broadcast.lease_key(owned.id), "worker-1", ex=60)
+    out = StringIO()
+    call_command("reap_interrupted", "--grace", "0", stdout=out)
+    assert f"[{orphan.id}]" in out.getvalue()
+    assert Message.objects.get(pk=orphan.pk).status == "interrupted"
+    assert Message.objects.get(pk=owned.pk).status == "streaming"

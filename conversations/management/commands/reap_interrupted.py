@@ -1,0 +1,23 @@
+"""``manage.py reap_interrupted``: mark replies whose worker died as ``interrupted``.
+
+Every worker already does this every few seconds, and ``resume`` does it for the reply it opens; this
+command is for when no worker is left running (run it from cron, or by hand after an outage).
+"""
+
+from django.core.management.base import BaseCommand
+
+from conversations import broadcast
+from conversations.generations import generations_reap_interrupted
+
+
+class Command(BaseCommand):
+    help = "Mark streaming replies whose worker lease expired as interrupted."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--grace", type=float, default=broadcast.LEASE_TTL_S, help="seconds without change"
+        )
+
+    def handle(self, *args, grace, **options):
+        reaped = generations_reap_interrupted(grace_s=grace)
+        self.stdout.write(f"marked {len(reaped)} reply(ies) interrupted" + (f": {reaped}" if reaped else ""))
