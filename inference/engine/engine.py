@@ -1,0 +1,498 @@
+"""``LLMEngine``: continuous-batching text generation over one loaded model.
+
+Architecture (Orca's iteration-level scheduling + vLLM's engine loop, TGI-style streaming):
+
+* ``submit`` (any thread) validates the request and appends it to a bounded, priority-ordered
+  waiting queue; events are delivered through a per-request queue read by ``RequestHandle``.
+* ``step`` (engine thread, or the caller in tests/benchmarks) runs one iteration: apply
+  cancellations, let the :class:`~.scheduler.Scheduler` build a batch (all decodes + prefill
+  chunks within the token budget, admitting waiting requests while KV room remains), run the
+  batched forward (:class:`~.runner.ModelRunner`), sample every row with its own parameters,
+  detokenize incrementally, apply stop conditions, stream events, and free finished slots so
+  the next step can admit new work.
+* ``start`` runs ``step`` in a background thread that sleeps on a condition variable when idle.
+
+Failures inside a step fail only the requests of that step (``finish_reason="error"``); the
+engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import EngineConfig, ModelSpec
+from .detokenizer import OutputProcessor, make_decode_fn
+from .errors import EngineStopped, InvalidRequest, QueueFull
+from .kv_cache import KVCache
+from .loader import LoadedModel, load_model, resolve_device
+from .request import (
+    FinishEvent,
+    FinishReason,
+    Request,
+    RequestHandle,
+    RequestStatus,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+from .runner import ModelRunner
+from .sampling import SamplerState, SamplingParams, sample_next_tokens
+from .scheduler import ScheduledStep, Scheduler
+from .threads import release_calling_thread_openmp_pool
+
+logger = logging.getLogger(__name__)
+
+#: Default per-request KV budget used when ``EngineConfig.kv_cache_tokens`` is ``None``.
+DEFAULT_KV_TOKENS_PER_SEQ = 2048
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """Snapshot of the engine's occupancy (for admission control / metrics).
+
+    Attributes:
+        waiting: Requests in the waiting queue.
+        running: Requests holding a KV slot (prefilling or decoding).
+        kv_used_tokens: KV tokens reserved by running requests.
+        kv_total_tokens: KV token budget.
+        max_num_seqs: Maximum running requests.
+        max_waiting: Waiting-queue bound.
+    """
+
+    waiting: int
+    running: int
+    kv_used_tokens: int
+    kv_total_tokens: int
+    max_num_seqs: int
+    max_waiting: int
+
+
+class LLMEngine:
+    """Continuous-batching generation engine.
+
+    Args:
+        loaded: Model + tokenizer from :func:`~inference.engine.load_model`.
+        config: Scheduling and resource limits.
+
+    Attributes:
+        context_length: Maximum prompt + generated tokens per request.
+        vocab_size: Rows of the output layer (valid token ids are ``0 .. vocab_size - 1``).
+        eos_token_ids: Token ids that finish a request with ``"stop"``.
+        kv: The :class:`~inference.engine.kv_cache.KVCache` (slots + token budget).
+
+    Thread-safety: ``submit``, ``cancel``, ``load``, ``queue_position``, ``has_unfinished`` and
+    ``RequestHandle`` methods may be called from any thread. ``step`` / ``run_until_idle`` are
+    serialized by a lock (tests and benchmarks drive them directly instead of ``start``).
+
+    Memory: besides the model, the runner keeps oneDNN-packed copies of the weight matrices
+    (one more model-sized buffer) and the KV cache commits at most what running requests
+    reserved (see :mod:`.kv_cache`).
+    """
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.loaded = loaded
+        self.spec: ModelSpec = loaded.spec
+        self.model = loaded.model
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        if self.config.num_threads is not None and loaded.device.type == "cpu":
+            torch.set_num_threads(self.config.num_threads)
+        cfg = self.model.config
+        self.context_length = int(min(self.spec.context_length, getattr(cfg, "max_position_embeddings", 1 << 30)))
+        kv_total = self.config.kv_cache_tokens
+        if kv_total is None:
+            kv_total = self.config.max_num_seqs * min(self.context_length, DEFAULT_KV_TOKENS_PER_SEQ)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv = KVCache(
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim,
+            num_slots=self.config.max_num_seqs,
+            slot_len=min(self.context_length, kv_total),
+            budget_tokens=kv_total,
+            dtype=loaded.dtype,
+            device=loaded.device,
+        )
+        self._runner = ModelRunner(self.model, self.kv, max_positions=self.context_length)
+        self.vocab_size = self._runner.vocab_size
+        self._scheduler = Scheduler(self.kv, self.config.max_num_batched_tokens)
+        self._decode = make_decode_fn(loaded.tokenizer)
+        self._gen = torch.Generator(device="cpu")
+        self._gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+
+        # _cond guards the waiting queue, the request map, the cancel set and the running list
+        # membership; _step_lock serializes steps (engine thread vs. direct step() calls).
+        self._cond = threading.Condition(threading.RLock())
+        self._step_lock = threading.Lock()
+        self._requests: dict[str, Request] = {}
+        self._cancel_requested: set[str] = set()
+        self._arrival_seq = 0
+        self._stopping = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_spec(
+        cls, spec: ModelSpec, config: EngineConfig | None = None, cache_dir: str | os.PathLike[str] = "var/models"
+    ) -> LLMEngine:
+        """Load ``spec`` (preparing ``cache_dir/<spec.name>`` if needed) and build an engine.
+
+        Raises:
+            UnknownModel: the model source cannot be found.
+            EngineError: conversion or loading failed, or the device is unavailable.
+        """
+        config = config or EngineConfig()
+        device = resolve_device(config.device)
+        loaded = load_model(spec, cache_dir, device=device, num_threads=config.num_threads)
+        return cls(loaded, config)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of ``messages`` under the model's chat template, ending with the assistant
+        generation prompt (``add_generation_prompt=True``).
+
+        Raises:
+            InvalidRequest: the template rejects the messages (e.g. bad roles).
+        """
+        try:
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # jinja errors, missing template
+            raise InvalidRequest(f"cannot render chat messages: {exc}") from exc
+        if hasattr(out, "keys"):
+            out = out["input_ids"]
+        if out and isinstance(out[0], list):
+            out = out[0]
+        return [int(t) for t in out]
+
+    # ------------------------------------------------------------------ client API
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        request_id: str | None = None,
+    ) -> RequestHandle:
+        """Queue a generation request. Thread-safe.
+
+        Args:
+            prompt_token_ids: Prompt tokens (e.g. from :meth:`render_chat`).
+            params: Sampling parameters (defaults to ``SamplingParams()``).
+            priority: Higher is admitted first (paid tier 10, free 0); FIFO within a priority.
+            request_id: Caller-chosen unique id; a random hex id by default.
+
+        Returns:
+            A handle to stream events from / cancel the request.
+
+        Raises:
+            InvalidRequest: empty/invalid prompt, bad sampling values, prompt + max_new_tokens
+                over the context length or KV capacity, duplicate ``request_id``.
+            QueueFull: ``EngineConfig.max_waiting`` requests are already waiting.
+            EngineStopped: the engine was shut down.
+        """
+        params = params if params is not None else SamplingParams()
+        params.validate()
+        prompt = self._validate_prompt(prompt_token_ids, params)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest(f"priority must be an integer, got {priority!r}")
+        rid = request_id if request_id is not None else uuid.uuid4().hex
+        if not isinstance(rid, str) or not rid:
+            raise InvalidRequest("request_id must be a non-empty string")
+        with self._cond:
+            if self._stopping or self._stopped:
+                raise EngineStopped("engine is shut down")
+            if rid in self._requests:
+                raise InvalidRequest(f"request_id {rid!r} is already in use")
+            waiting = self._scheduler.num_waiting
+            if waiting >= self.config.max_waiting:
+                raise QueueFull(waiting, self.config.max_waiting)
+            self._arrival_seq += 1
+            req = Request(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                params=params,
+                priority=priority,
+                arrival_seq=self._arrival_seq,
+                sampler=SamplerState.create(params, prompt),
+                output=OutputProcessor(self._decode, params.stop),
+            )
+            self._requests[rid] = req
+            self._scheduler.add(req)
+            self._cond.notify_all()
+        return RequestHandle(self, req)
+
+    def _validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
+        try:
+            prompt = [int(t) for t in prompt_token_ids]
+        except (TypeError, ValueError):
+            raise InvalidRequest("prompt_token_ids must be a list of integers") from None
+        if not prompt:
+            raise InvalidRequest("prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise InvalidRequest(f"prompt contains token ids outside the vocabulary [0, {self.vocab_size})")
+        total = len(prompt) + params.max_new_tokens
+        if total > self.context_length:
+            raise InvalidRequest(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the context length {self.context_length}"
+            )
+        capacity = min(self.kv.slot_len, self.kv.budget_tokens)
+        if total > capacity:
+            raise InvalidRequest(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the KV cache capacity {capacity}"
+            )
+        return prompt
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request. Thread-safe.
+
+        A waiting request finishes immediately with ``"cancelled"``; a running one is removed at
+        the start of the next step (its slot and KV reservation are freed there).
+
+        Returns:
+            ``False`` if the id is unknown or the request already finished.
+        """
+        with self._cond:
+            req = self._requests.get(request_id)
+            if req is None or req.status is RequestStatus.FINISHED:
+                return False
+            if req.status is RequestStatus.WAITING:
+                self._scheduler.remove_waiting(req)
+                self._finish(req, "cancelled")
+            else:
+                self._cancel_requested.add(request_id)
+                self._cond.notify_all()
+            return True
+
+    def has_unfinished(self) -> bool:
+        """``True`` while any request is waiting or running."""
+        with self._cond:
+            return bool(self._requests)
+
+    def load(self) -> EngineLoad:
+        """Current occupancy. Thread-safe."""
+        with self._cond:
+            return EngineLoad(
+                waiting=self._scheduler.num_waiting,
+                running=len(self._scheduler.running),
+                kv_used_tokens=self.kv.used_tokens,
+                kv_total_tokens=self.kv.budget_tokens,
+                max_num_seqs=self.config.max_num_seqs,
+                max_waiting=self.config.max_waiting,
+            )
+
+    def queue_position(self, request_id: str) -> int | None:
+        """0-based position among waiting requests in admission order; ``None`` if not waiting."""
+        with self._cond:
+            req = self._requests.get(request_id)
+            if req is None or req.status is not RequestStatus.WAITING:
+                return None
+            return self._scheduler.waiting_position(req)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> int:
+        """Run one scheduler iteration synchronously.
+
+        Returns:
+            Number of tokens that went through the model (decodes + prefill tokens); 0 if idle.
+        """
+        with self._step_lock:
+            if self._stopped:
+                return 0
+            with self._cond:
+                self._apply_cancellations()
+                try:
+                    step = self._scheduler.schedule()
+                except Exception as exc:  # a scheduler bug must not kill the engine
+                    logger.exception("scheduling failed")
+                    self._fail_requests(list(self._scheduler.running), exc)
+                    return 0
+            if step is None:
+                return 0
+            try:
+                logits = self._runner.forward(step.batch)
+                tokens = sample_next_tokens(logits, [r.sampler for r in step.sample_requests], self._gen)
+            except Exception as exc:
+                logger.exception("engine step failed for %d requests", len(step.advances))
+                with self._cond:
+                    self._fail_requests(step.requests, exc, clear_kv=True)
+                return step.batch.num_tokens
+            self._apply_results(step, tokens)
+            return step.batch.num_tokens
+
+    def run_until_idle(self) -> None:
+        """Call :meth:`step` until no request is waiting or running."""
+        while self.has_unfinished():
+            self.step()
+
+    def _apply_results(self, step: ScheduledStep, tokens: list[int]) -> None:
+        for req, n in step.advances:
+            req.num_cached += n
+        now = time.perf_counter()
+        for req, token in zip(step.sample_requests, tokens, strict=True):
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            try:
+                self._append_token(req, token, now)
+            except Exception as exc:
+                logger.exception("post-processing failed for request %s", req.request_id)
+                with self._cond:
+                    self._fail_requests([req], exc)
+
+    def _append_token(self, req: Request, token: int, now: float) -> None:
+        req.output_token_ids.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.sampler.record(token, self.vocab_size)
+        reason: FinishReason | None = None
+        if token in self.eos_token_ids and not req.params.ignore_eos:
+            reason = "stop"
+        else:
+            delta, stopped = req.output.add_token(token)
+            req.pending_token_ids.append(token)
+            if delta:
+                self._emit_text(req, delta)
+            if stopped:
+                reason = "stop"
+            elif len(req.output_token_ids) >= req.params.max_new_tokens:
+                reason = "length"
+        if reason is not None:
+            with self._cond:
+                self._finish(req, reason)
+
+    def _emit_text(self, req: Request, text: str) -> None:
+        req.events.put(TokenEvent(req.request_id, req.next_event_seq, text, req.pending_token_ids))
+        req.next_event_seq += 1
+        req.pending_token_ids = []
+
+    # ------------------------------------------------------------------ finishing (under _cond)
+    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        if req.status is RequestStatus.FINISHED:
+            return
+        if req.output_token_ids:
+            delta, stopped = req.output.finish()
+            # Trailing tokens that produced no visible text (special tokens, text cut by a stop
+            # string) are still reported so token_ids of all events == generated tokens - EOS.
+            if delta or req.pending_token_ids:
+                self._emit_text(req, delta)
+            if stopped and reason == "length":
+                reason = "stop"
+        if req.status is RequestStatus.RUNNING:
+            self._scheduler.release(req)
+        elif req.status is RequestStatus.WAITING:
+            self._scheduler.remove_waiting(req)
+        req.status = RequestStatus.FINISHED
+        self._requests.pop(req.request_id, None)
+        self._cancel_requested.discard(req.request_id)
+        now = time.perf_counter()
+        queued_until = req.admitted_time if req.admitted_time is not None else now
+        timings = Timings(
+            queue_ms=(queued_until - req.arrival_time) * 1e3,
+            ttft_ms=(req.first_token_time - req.arrival_time) * 1e3 if req.first_token_time is not None else None,
+            total_ms=(now - req.arrival_time) * 1e3,
+        )
+        usage = Usage(prompt_tokens=req.prompt_len, completion_tokens=len(req.output_token_ids))
+        req.events.put(FinishEvent(req.request_id, reason, req.output.text, usage, timings, error))
+
+    def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        for req in requests:
+            if req.status is RequestStatus.FINISHED:
+                continue
+            if clear_kv and req.status is RequestStatus.RUNNING and req.slot >= 0:
+                # The step may have written partial K/V (or NaNs); scrub the whole reserved range
+                # before the slot is reused so masked attention of later owners stays finite.
+                self.kv.clear_slot_range(req.slot, min(self.kv.slot_len, req.reserved_tokens))
+            try:
+                self._finish(req, "error", error=message)
+            except Exception:
+                logger.exception("failed to finish request %s", req.request_id)
+
+    def _apply_cancellations(self) -> None:
+        if not self._cancel_requested:
+            return
+        for rid in list(self._cancel_requested):
+            req = self._requests.get(rid)
+            if req is not None:
+                self._finish(req, "cancelled")
+        self._cancel_requested.clear()
+
+    # ------------------------------------------------------------------ background thread
+    def start(self) -> None:
+        """Start the background loop thread (idempotent).
+
+        Raises:
+            EngineStopped: after :meth:`shutdown`.
+        """
+        with self._cond:
+            if self._stopping or self._stopped:
+                raise EngineStopped("engine is shut down")
+            if self._thread is not None and self._thread.is_alive():
+                return
+            num_threads = self.config.num_threads or torch.get_num_threads()
+            if self.loaded.device.type == "cpu":
+                release_calling_thread_openmp_pool()  # see threads.py
+            self._thread = threading.Thread(target=self._loop, args=(num_threads,), name="llm-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self, num_threads: int) -> None:
+        # OpenMP thread counts are per thread: apply the configured count to this one.
+        torch.set_num_threads(num_threads)
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._requests:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                try:
+                    self.step()
+                except Exception:  # step() already isolates request failures; be defensive
+                    logger.exception("engine loop iteration failed")
+                    time.sleep(0.01)
+        finally:
+            self._abort_all()
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Stop accepting requests, stop the loop thread and fail outstanding requests with
+        ``finish_reason="error"`` (``error="engine stopped"``). Idempotent.
+
+        Args:
+            timeout: Seconds to wait for the loop thread to finish its current step.
+        """
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.warning("engine thread did not stop within %ss", timeout)
+                return  # it aborts outstanding requests itself when it exits
+        self._abort_all()
+
+    def _abort_all(self) -> None:
+        with self._step_lock, self._cond:
+            self._stopped = True
+            pending = list(self._scheduler.running) + self._scheduler.drain_waiting()
+            self._fail_requests(pending, EngineStopped("engine stopped"))
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+

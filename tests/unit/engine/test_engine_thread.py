@@ -1,0 +1,88 @@
+"""The background loop thread with many concurrent submitters (the Celery worker's pattern)."""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+from inference.engine import EngineStopped, SamplingParams, TokenEvent
+
+from .helpers import event_tokens, reference_greedy
+
+
+def test_concurrent_submitters_get_exact_streams(make_engine, tiny_loaded, tokenizer):
+    prompts = [tokenizer.encode(f"thread {i} says " + "hello " * (i % 5)) for i in range(12)]
+    refs = [reference_greedy(tiny_loaded.model, p, 10, tiny_loaded.eos_token_ids) for p in prompts]
+    engine = make_engine(max_num_seqs=4, max_num_batched_tokens=24)
+    engine.start()
+    results: dict[int, tuple[list[int], str]] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            handle = engine.submit(
+                prompts[i], SamplingParams(temperature=0, max_new_tokens=10), priority=i % 2
+            )
+            events = list(handle.events(timeout=60))
+            results[i] = (event_tokens(events[:-1]), events[-1].finish_reason)
+        except BaseException as exc:  # surfaced in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for i, ref in enumerate(refs):
+        assert results[i][0] == [t for t in ref if t != 2]
+    assert not engine.has_unfinished()
+
+    # Idle loop must sleep on its condition, not spin.
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    time.sleep(0.5)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu_before < 0.1
+
+    # Still responsive after idling.
+    late = engine.submit(prompts[0], SamplingParams(temperature=0, max_new_tokens=10))
+    assert late.result(timeout=30).finish_reason in ("length", "stop")
+
+    engine.shutdown(timeout=10)
+    assert engine._thread is not None and not engine._thread.is_alive()
+    try:
+        engine.submit(prompts[0], SamplingParams(max_new_tokens=2))
+    except EngineStopped:
+        pass
+    else:
+        raise AssertionError("submit after shutdown must raise EngineStopped")
+
+
+def test_shutdown_fails_in_flight_requests(make_engine, tokenizer):
+    engine = make_engine(max_num_seqs=1)
+    engine.start()
+    handles = [
+        engine.submit(tokenizer.encode("long running"), SamplingParams(max_new_tokens=400)) for _ in range(3)
+    ]
+    first = next(handles[0].events(timeout=30))  # generation is under way
+    assert isinstance(first, TokenEvent)
+    engine.shutdown(timeout=10)
+    for h in handles:
+        finish = h.result(timeout=5)
+        assert finish.finish_reason in ("error", "length", "stop")
+    assert any(h.result().finish_reason == "error" for h in handles)
+
+
+def test_cancel_from_another_thread_while_streaming(make_engine, tokenizer):
+    engine = make_engine()
+    engine.start()
+    handle = engine.submit(tokenizer.encode("cancel me"), SamplingParams(max_new_tokens=400))
+    events = []
+    for event in handle.events(timeout=30):
+        events.append(event)
+        if len(events) == 3:
+            threading.Thread(target=handle.cancel).start()
+    assert events[-1].finish_reason == "cancelled"
+    assert events[-1].usage.completion_tokens < 400
+    assert engine.load().running == 0
+    engine.shutdown()
