@@ -106,7 +106,9 @@ class LLMEngine:
         if self.config.num_threads is not None and loaded.device.type == "cpu":
             torch.set_num_threads(self.config.num_threads)
         cfg = self.model.config
-        self.context_length = int(min(self.spec.context_length, getattr(cfg, "max_position_embeddings", 1 << 30)))
+        self.context_length = int(
+            min(self.spec.context_length, getattr(cfg, "max_position_embeddings", 1 << 30))
+        )
         kv_total = self.config.kv_cache_tokens
         if kv_total is None:
             kv_total = self.config.max_num_seqs * min(self.context_length, DEFAULT_KV_TOKENS_PER_SEQ)
@@ -142,7 +144,10 @@ class LLMEngine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_spec(
-        cls, spec: ModelSpec, config: EngineConfig | None = None, cache_dir: str | os.PathLike[str] = "var/models"
+        cls,
+        spec: ModelSpec,
+        config: EngineConfig | None = None,
+        cache_dir: str | os.PathLike[str] = "var/models",
     ) -> LLMEngine:
         """Load ``spec`` (preparing ``cache_dir/<spec.name>`` if needed) and build an engine.
 
@@ -401,7 +406,9 @@ class LLMEngine:
         queued_until = req.admitted_time if req.admitted_time is not None else now
         timings = Timings(
             queue_ms=(queued_until - req.arrival_time) * 1e3,
-            ttft_ms=(req.first_token_time - req.arrival_time) * 1e3 if req.first_token_time is not None else None,
+            ttft_ms=(req.first_token_time - req.arrival_time) * 1e3
+            if req.first_token_time is not None
+            else None,
             total_ms=(now - req.arrival_time) * 1e3,
         )
         usage = Usage(prompt_tokens=req.prompt_len, completion_tokens=len(req.output_token_ids))
@@ -445,7 +452,9 @@ class LLMEngine:
             num_threads = self.config.num_threads or torch.get_num_threads()
             if self.loaded.device.type == "cpu":
                 release_calling_thread_openmp_pool()  # see threads.py
-            self._thread = threading.Thread(target=self._loop, args=(num_threads,), name="llm-engine", daemon=True)
+            self._thread = threading.Thread(
+                target=self._loop, args=(num_threads,), name="llm-engine", daemon=True
+            )
             self._thread.start()
 
     def _loop(self, num_threads: int) -> None:
@@ -495,4 +504,3 @@ class LLMEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-

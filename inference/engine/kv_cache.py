@@ -50,7 +50,9 @@ class SlotOwner(Protocol):
     num_cached: int  # tokens whose K/V are written in the slot (positions 0..num_cached-1)
 
 
-def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, mmap.mmap | None]:
+def _lazy_zeros(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, mmap.mmap | None]:
     """Zero tensor whose CPU pages are only committed when first written.
 
     Returns the tensor and, on CPU, the anonymous mapping backing it (for ``madvise``).
@@ -58,7 +60,9 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device), None
     itemsize = torch.empty((), dtype=dtype).element_size()
-    buf = mmap.mmap(-1, max(1, math.prod(shape) * itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    buf = mmap.mmap(
+        -1, max(1, math.prod(shape) * itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+    )
     tensor = torch.frombuffer(buf, dtype=torch.uint8, count=math.prod(shape) * itemsize)
     return tensor.view(dtype).view(shape), buf
 

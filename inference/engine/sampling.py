@@ -73,11 +73,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self) -> None:
         """Check every field; raise :class:`InvalidRequest` naming the first bad one."""

@@ -7,14 +7,13 @@
 * ``real_model`` (``slow`` tests only): the default SmolLM2-135M in float32, loaded through
   ``load_model`` (the first run converts the GGUF into the cache, ~20 s).
 
-The cache directory is ``$CHATSITE_MODEL_CACHE`` or ``<tmp>/chatsite-model-cache``; weights are
-never written into the repository.
+The cache directory is ``$MODEL_CACHE_DIR`` or the repository's ``var/models`` (gitignored), the one
+``manage.py prepare_model`` fills before the suite runs; weights are never committed.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,9 +31,7 @@ TINY_CONTEXT = 512
 
 
 def model_cache_dir() -> Path:
-    return Path(
-        os.environ.get("CHATSITE_MODEL_CACHE") or Path(tempfile.gettempdir()) / "chatsite-model-cache"
-    )
+    return Path(os.environ.get("MODEL_CACHE_DIR") or Path(__file__).resolve().parents[3] / "var" / "models")
 
 
 @pytest.fixture(scope="session", autouse=True)

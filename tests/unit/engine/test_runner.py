@@ -15,7 +15,9 @@ def test_runner_matches_hf_modules(tiny_loaded, dtype):
     """RMSNorm and RoPE are bit-identical to LlamaRMSNorm / apply_rotary_pos_emb."""
     model = tiny_loaded.model
     cfg = model.config
-    kv = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu"))
+    kv = KVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu")
+    )
     runner = ModelRunner(model, kv, max_positions=64)
     gen = torch.Generator().manual_seed(0)
 
@@ -42,7 +44,9 @@ def test_prefill_logits_match_hf_forward(tiny_loaded):
     """One prefill through the runner (split in two chunks) vs. the HF forward pass."""
     model = tiny_loaded.model
     cfg = model.config
-    kv = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu"))
+    kv = KVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu")
+    )
     runner = ModelRunner(model, kv, max_positions=64)
     tokens = list(range(300, 340))
     with torch.inference_mode():
