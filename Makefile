@@ -21,7 +21,7 @@ lint: install
 	$(VENV)/ruff format --check .
 
 test: install
-	@scripts/test.sh
+	@scripts/test.sh $(ARGS)
 
 bench: install
 	$(VENV)/python -m inference.bench

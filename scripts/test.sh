@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The test command (`make test`, called by .ci/run): ruff, then the whole pytest suite against the local
-# PostgreSQL and Redis, real Celery worker processes with the real default model, and Debian's Chromium.
+# The test command (`make test`, called by .ci/run): ruff, then the pytest suite in two runs:
+#   1. unit + db layers (no worker process may be alive: queued replies must stay queued there);
+#   2. integration + browser layers against live Celery workers with the real default model, daphne,
+#      PostgreSQL, Redis and Debian's Chromium.
+# Extra arguments go to both runs (e.g. `make test ARGS="-k stop"`); a run that selects nothing is fine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -11,4 +14,12 @@ if ! command -v chromium >/dev/null; then
 fi
 ruff check .
 python manage.py prepare_model
-python -m pytest "$@"
+
+run_pytest() {
+  local rc=0
+  python -m pytest "$@" || rc=$?
+  # 5 = no test selected by this run's marker (e.g. a -k that matches only the other layer)
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+}
+run_pytest -m "not integration" "$@"
+run_pytest -m integration "$@"

@@ -18,8 +18,12 @@ LONG_PROMPT = (
 
 
 @pytest.fixture
-def page(live_server_url, celery_worker, redis_clean):
+def page(live_server_url, celery_worker, redis_clean, monkeypatch):
     from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in the test thread; the test's own ORM calls are plain
+    # blocking queries between browser steps, so Django's async-safety guard does not apply to them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(

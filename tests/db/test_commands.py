@@ -48,7 +48,8 @@ def test_bootstrap_step_leaves_existing_admin_password(make_user):
 
 
 def _manage(*args, **env):
-    full_env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "ALLOWED_HOSTS")}
+    unset = ("SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    full_env = {k: v for k, v in os.environ.items() if k not in unset}
     full_env.update(env, DJANGO_SETTINGS_MODULE="chatsite.settings.prod")
     return subprocess.run([sys.executable, "manage.py", *args], capture_output=True, text=True, env=full_env)
 
