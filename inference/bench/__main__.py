@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime
 
 from .cell import SYSTEMS
-from .loader import DEFAULT_SPEC, engine_import_error, load_tokenizer, prepare
+from .loader import DEFAULT_SPEC, load_tokenizer, prepare
 from .metrics import measure_bandwidth
 from .report import (
     compute_ratios,
@@ -78,12 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-tokens", type=int, default=512, help="hf_cb/ours per-step token budget")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     p.add_argument("--cache-dir", default="var/models", help="model cache directory")
-    p.add_argument(
-        "--loader",
-        choices=["auto", "engine", "fallback"],
-        default="auto",
-        help="auto: inference.engine.load_model when importable, else transformers GGUF + cache",
-    )
     p.add_argument(
         "--bandwidth-gb-s", type=float, default=None, help="skip the bandwidth measurement, use this"
     )
@@ -181,18 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = args.out or os.path.join("bench-results", f"bench-{stamp}.json")
     spec = dict(DEFAULT_SPEC, dtype=args.dtype)
 
-    engine_err = engine_import_error()
-    if args.loader == "engine" and engine_err:
-        raise SystemExit(f"--loader engine: inference.engine not importable ({engine_err})")
-    if "ours" in systems and (engine_err or args.loader == "fallback"):
-        print(
-            f"# skipping 'ours': inference.engine not usable ({engine_err or '--loader fallback'})",
-            file=sys.stderr,
-        )
-        systems = [s for s in systems if s != "ours"]
-    use_engine = not engine_err and args.loader != "fallback"
     t = time.perf_counter()
-    model_dir = prepare(spec, args.cache_dir, use_engine)
+    model_dir = prepare(spec, args.cache_dir)
     print(f"# model cache ready: {model_dir} ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
 
     tok = load_tokenizer(model_dir)
@@ -235,7 +219,6 @@ def main(argv: list[str] | None = None) -> int:
                 "spec": spec,
                 "cache_dir": args.cache_dir,
                 "threads": args.threads,
-                "loader": args.loader,
                 "opts": opts,
             }
             t = time.perf_counter()
@@ -265,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"chatsite inference benchmark -- {spec['name']} {args.dtype}, {first.get('torch_threads', '?')} torch "
-        f"threads, {platform.processor() or platform.machine()}, loader {first.get('loader', '?')}"
+        f"threads, {platform.processor() or platform.machine()}"
     )
     print(
         "times in ms, throughput in output tok/s, RSS = peak MB of the cell's process during the run; "
@@ -288,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
             "model": spec,
             "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "platform": platform.platform()},
             "bandwidth": bandwidth,
-            "engine_import_error": engine_err,
             "elapsed_s": round(elapsed, 1),
         },
         "ratios": ratios,

@@ -60,12 +60,7 @@ def run_cell(cfg: dict) -> dict:
     system_name = cfg["system"]
     wl = Workload.from_dict(cfg["workload"])
     opts = dict(cfg.get("opts") or {})
-    use_engine = cfg.get("loader", "auto") != "fallback"
-    if system_name == "ours" and not use_engine:
-        raise RuntimeError("system 'ours' needs --loader auto|engine")
-    bm = load(cfg["spec"], cfg["cache_dir"], cfg.get("threads"), use_engine=use_engine)
-    if cfg.get("loader") == "engine" and bm.loader != "inference.engine.load_model":
-        raise RuntimeError("--loader engine given but inference.engine is not importable")
+    bm = load(cfg["spec"], cfg["cache_dir"], cfg.get("threads"))
 
     requests = list(wl.requests)
     cap = int(opts.get("naive_max_requests") or 0)
@@ -102,7 +97,6 @@ def run_cell(cfg: dict) -> dict:
             "rss_method": "VmHWM (reset after warmup)" if hwm is not None else "psutil sampling every 20 ms",
             "rss_before_run_mb": round(rss_before, 1),
             "weight_bytes": weight_bytes(bm.model),
-            "loader": bm.loader,
             "load_s": round(bm.load_s, 2),
             "warmup_s": round(warmup_s, 2),
             "run_s": round(run_s, 2),

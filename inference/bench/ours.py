@@ -6,9 +6,7 @@ submits each request at its arrival time and one consumer thread per request ite
 stamping every token with ``perf_counter()`` when the client receives it (client-side timestamps, including
 event delivery latency; tokens delivered in one event share a timestamp).
 
-Ignore-EOS: ``SamplingParams(ignore_eos=True)`` when the engine has that field. Until it does, the engine is
-built from a copy of the ``LoadedModel`` whose ``eos_token_ids`` is empty (the engine reads its EOS set from
-there at construction), so EOS is treated as an ordinary token -- the same semantics -- and the cell notes it.
+Replies have exactly the workload's length: ``SamplingParams(ignore_eos=True)`` (vLLM's flag of that name).
 
 Token accounting: ``TokenEvent.token_ids`` omits tokens that produced no text; ``FinishEvent.usage`` has the
 true count, and any tokens not seen in events are timestamped at the FinishEvent (noted in the cell).
@@ -16,8 +14,6 @@ true count, and any tokens not seen in events are timestamped at the FinishEvent
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -27,12 +23,6 @@ from .metrics import RequestRecord
 from .workloads import Request
 
 
-def _param_names(cls) -> set[str]:
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(inspect.signature(cls).parameters)
-
-
 class OursSystem(System):
     name = "ours"
 
@@ -40,34 +30,21 @@ class OursSystem(System):
         super().__init__(bm, opts)
         from inference.engine import EngineConfig, LLMEngine, SamplingParams
 
-        if bm.engine_loaded is None:
-            raise RuntimeError("ours needs the model loaded through inference.engine.load_model")
-        cfg_kwargs = {
-            "max_num_seqs": int(opts.get("max_seqs", 32)),
-            "max_num_batched_tokens": int(opts.get("max_batch_tokens", 512)),
-            "kv_cache_tokens": opts.get("kv_cache_tokens"),
-            "max_waiting": int(opts.get("max_waiting", 256)),
-        }
-        names = _param_names(EngineConfig)
-        if "device" in names:
-            cfg_kwargs["device"] = "cpu"
-        if "num_threads" in names and opts.get("threads"):
-            cfg_kwargs["num_threads"] = int(opts["threads"])
+        config = EngineConfig(
+            max_num_seqs=int(opts.get("max_seqs", 32)),
+            max_num_batched_tokens=int(opts.get("max_batch_tokens", 512)),
+            kv_cache_tokens=opts.get("kv_cache_tokens"),
+            max_waiting=int(opts.get("max_waiting", 256)),
+            device="cpu",
+            num_threads=int(opts["threads"]) if opts.get("threads") else None,
+        )
         self._SamplingParams = SamplingParams
-        self._ignore_eos = "ignore_eos" in _param_names(SamplingParams)
-        loaded = bm.engine_loaded
-        if not self._ignore_eos:
-            loaded = dataclasses.replace(loaded, eos_token_ids=())
-            self.notes.append("SamplingParams has no ignore_eos: engine built with eos_token_ids=() instead")
-        self.engine = LLMEngine(loaded, EngineConfig(**cfg_kwargs))
+        self.engine = LLMEngine(bm.engine_loaded, config)
         self._started = False
         self._late_tokens = 0
 
     def _params(self, max_new_tokens: int):
-        kw = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-        if self._ignore_eos:
-            kw["ignore_eos"] = True
-        return self._SamplingParams(**kw)
+        return self._SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
 
     def _ensure_started(self) -> None:
         if not self._started:
