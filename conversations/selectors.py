@@ -55,11 +55,6 @@ def message_list(*, conversation: Conversation) -> list[Message]:
     return list(conversation.messages.order_by("created_at", "id"))
 
 
-def message_last_assistant(*, conversation: Conversation) -> Message | None:
-    """The newest assistant message of a conversation, or None."""
-    return conversation.messages.filter(role=Message.Role.ASSISTANT).order_by("-created_at", "-id").first()
-
-
 def active_generation_count(*, user) -> int:
     """How many of ``user``'s replies are queued or streaming right now."""
     return Message.objects.filter(

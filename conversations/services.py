@@ -1,6 +1,5 @@
 """Writes to conversations and messages (keyword-only, ``<entity>_<verb>``)."""
 
-from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -53,8 +52,3 @@ def message_create(
     )
     conversation_touch(conversation=conversation)
     return message
-
-
-@transaction.atomic
-def message_delete(*, message: Message) -> None:
-    message.delete()
