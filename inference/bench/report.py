@@ -135,22 +135,12 @@ def format_table(cells: Sequence[dict]) -> str:
     lines = ["  ".join(h.rjust(w) if w else h for h, w in COLUMNS)]
     for c in sorted(cells, key=_key):
         if "summary" not in c:
+            blanks = [""] * (len(COLUMNS) - 4)  # every column between N and notes
             vals = [
                 c["system"],
                 c["workload"],
                 c.get("n"),
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
+                *blanks,
                 "FAILED: " + str(c.get("error", "?"))[:80],
             ]
         else:
