@@ -58,6 +58,7 @@ def cancel_key(message_id: int) -> str:
 
 
 def frame_queued(*, message, user_message_id: int | None, position: int) -> dict[str, Any]:
+    """``queued``: the reply is stored and waiting; ``position`` is its 1-based place in line."""
     conversation = message.conversation
     return {
         "type": "queued",
@@ -71,10 +72,12 @@ def frame_queued(*, message, user_message_id: int | None, position: int) -> dict
 
 
 def frame_started(*, message_id: int, omitted_messages: int = 0) -> dict[str, Any]:
+    """``started``: a worker claimed the reply; ``omitted_messages`` older turns did not fit its context."""
     return {"type": "started", "message_id": message_id, "omitted_messages": omitted_messages}
 
 
 def frame_token(*, message_id: int, seq: int, text: str) -> dict[str, Any]:
+    """``token``: one text delta; ``seq`` counts 0, 1, 2, ... per reply so clients can drop duplicates."""
     return {"type": "token", "message_id": message_id, "seq": seq, "text": text}
 
 
@@ -100,6 +103,7 @@ def frame_done(*, message) -> dict[str, Any]:
 def frame_error(
     *, code: str, message: str, retry_after: float | None = None, message_id: int | None = None
 ) -> dict[str, Any]:
+    """``error``: ``code`` from the protocol; ``retry_after`` seconds where waiting helps."""
     return {
         "type": "error",
         "code": code,
@@ -190,6 +194,7 @@ def stream_text(message_id: int) -> str:
 
 
 def cancel_requested(message_id: int) -> bool:
+    """Whether Stop was pressed for ``message_id`` (flag kept ``STREAM_REPLAY_TTL_S`` seconds)."""
     return bool(redis_client().exists(cancel_key(message_id)))
 
 

@@ -23,6 +23,9 @@ CLOSE_UNAUTHENTICATED = 4401
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    """``/ws/chat/``: one per browser tab. Frames in ``docs/websocket-protocol.md``; anonymous sockets are
+    accepted and closed with 4401 so the page stops reconnecting."""
+
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()

@@ -181,6 +181,7 @@ def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
 
 
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
+    """Record how many older turns the window left out and the prompt's size in tokens."""
     message.omitted_messages = omitted
     message.prompt_tokens = prompt_tokens
     message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])

@@ -10,23 +10,31 @@ class _Frame(BaseModel):
 
 
 class SendFrame(_Frame):
+    """Send a user message; ``conversation_id`` None starts a new conversation."""
+
     type: Literal["send"]
     conversation_id: int | None = None
     content: str
 
 
 class StopFrame(_Frame):
+    """Stop generating a reply (its partial text is kept)."""
+
     type: Literal["stop"]
     message_id: int
 
 
 class ResumeFrame(_Frame):
+    """Replay a reply's deltas with ``seq > after_seq`` (-1: all), then follow it live."""
+
     type: Literal["resume"]
     message_id: int
     after_seq: int = Field(default=-1, ge=-1)
 
 
 class RegenerateFrame(_Frame):
+    """Replace the conversation's last reply with a new one."""
+
     type: Literal["regenerate"]
     conversation_id: int
 

@@ -8,6 +8,7 @@ TITLE_MAX_CHARS = 60
 
 
 def conversation_create(*, owner, title: str = "", system_prompt: str = "") -> Conversation:
+    """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters."""
     return Conversation.objects.create(owner=owner, title=title.strip()[:200], system_prompt=system_prompt)
 
 
@@ -47,6 +48,7 @@ def message_create(
     status: str = Message.Status.COMPLETED,
     model_name: str = "",
 ) -> Message:
+    """Store a message and move its conversation to the top of the sidebar."""
     message = Message.objects.create(
         conversation=conversation, role=role, content=content, status=status, model_name=model_name
     )

@@ -10,6 +10,7 @@ from conversations import selectors, services
 
 
 def home(request):
+    """``/``: the chat for a signed-in user, the log-in page otherwise."""
     return redirect("conversations:new" if request.user.is_authenticated else "accounts:login")
 
 
@@ -28,11 +29,13 @@ def _render_chat(request, conversation):
 
 @login_required
 def chat_new(request):
+    """An empty chat; the first ``send`` over the WebSocket creates the conversation."""
     return _render_chat(request, None)
 
 
 @login_required
 def chat_detail(request, conversation_id: int):
+    """One of the user's conversations (404 for anyone else's)."""
     conversation = selectors.conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     return _render_chat(request, conversation)
 
@@ -40,6 +43,7 @@ def chat_detail(request, conversation_id: int):
 @login_required
 @require_POST
 def chat_rename(request, conversation_id: int):
+    """POST ``title``; an empty title leaves the old one and says why."""
     conversation = selectors.conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     try:
         services.conversation_rename(conversation=conversation, title=request.POST.get("title", ""))
@@ -51,6 +55,7 @@ def chat_rename(request, conversation_id: int):
 @login_required
 @require_POST
 def chat_delete(request, conversation_id: int):
+    """POST only (the page confirms first); deletes the conversation and its messages."""
     conversation = selectors.conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     services.conversation_delete(conversation=conversation)
     flash.success(request, "Conversation deleted.")

@@ -37,6 +37,8 @@ def num_blocks_for(requests: Sequence[Request], page_size: int, max_concurrent: 
 
 
 class HfCbSystem(System):
+    """transformers' built-in continuous batching manager, fed requests as they arrive."""
+
     name = "hf_cb"
 
     def __init__(self, bm, opts):

@@ -17,6 +17,8 @@ from .workloads import Request
 
 
 class NaiveSystem(System):
+    """One ``model.generate`` call per request, FIFO: the usual one-request-per-call server."""
+
     name = "naive"
 
     def _generate_one(self, req: Request):

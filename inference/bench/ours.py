@@ -24,6 +24,8 @@ from .workloads import Request
 
 
 class OursSystem(System):
+    """Our engine in its background thread; one consumer thread per request stamps token times."""
+
     name = "ours"
 
     def __init__(self, bm, opts):

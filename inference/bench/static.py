@@ -45,6 +45,9 @@ def collect_batch(
 
 
 class StaticSystem(System):
+    """Static batching: left-padded ``model.generate`` over what arrived in a short window; the batch waits
+    for its longest reply."""
+
     name = "static"
 
     def __init__(self, bm, opts):
