@@ -1,7 +1,7 @@
 """Context assembly: the system prompt pinned, then as many of the most recent turns as fit.
 
-Counting uses the model's own tokenizer and chat template (a ``count_tokens`` callable), so the budget is
-exact for the prompt the engine will see. The window is a suffix of the history: older turns are left out
+Counting uses the model's own tokenizer and chat template (a ``tokenize`` callable), so the budget is
+exact for the prompt the engine will see, and the token ids of the chosen window are returned for it. The window is a suffix of the history: older turns are left out
 first, never the newest user turn.
 """
 
@@ -18,11 +18,15 @@ class ContextTooLong(ValueError):
 @dataclass(frozen=True)
 class AssembledContext:
     """``messages``: chat-template input (role/content dicts); ``omitted``: how many older turns were left
-    out; ``prompt_tokens``: their token count under the chat template."""
+    out; ``prompt_token_ids``: the rendered chat template of ``messages`` (list[int]), ready to submit."""
 
     messages: list[ChatMessage]
     omitted: int
-    prompt_tokens: int
+    prompt_token_ids: list[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 def assemble_context(
@@ -30,20 +34,28 @@ def assemble_context(
     system_prompt: str,
     history: Sequence[ChatMessage],
     budget_tokens: int,
-    count_tokens: Callable[[list[ChatMessage]], int],
+    tokenize: Callable[[list[ChatMessage]], list[int]],
 ) -> AssembledContext:
     """Fit ``history`` (oldest first, ending with the user turn to answer) into ``budget_tokens``.
 
-    ``count_tokens(messages)`` returns the token count of the rendered chat template including the generation
-    prompt. Monotonic in the number of turns kept, so a binary search needs O(log n) renders.
+    ``tokenize(messages)`` returns the token ids of the rendered chat template including the generation
+    prompt. Their count is monotonic in the number of turns kept, so a binary search needs O(log n) renders;
+    each window is rendered at most once.
     Raises :class:`ContextTooLong` when the newest turn cannot fit, ``ValueError`` for an empty history.
     """
     if not history:
         raise ValueError("history must contain at least the user turn to answer")
     head = [{"role": "system", "content": system_prompt}] if system_prompt else []
 
+    rendered: dict[int, list[int]] = {}
+
+    def ids(start: int) -> list[int]:
+        if start not in rendered:
+            rendered[start] = tokenize(head + list(history[start:]))
+        return rendered[start]
+
     def count(start: int) -> int:
-        return count_tokens(head + list(history[start:]))
+        return len(ids(start))
 
     last = len(history) - 1
     if count(last) > budget_tokens:
@@ -58,5 +70,4 @@ def assemble_context(
             hi = mid
         else:
             lo = mid + 1
-    messages = head + list(history[lo:])
-    return AssembledContext(messages=messages, omitted=lo, prompt_tokens=count_tokens(messages))
+    return AssembledContext(messages=head + list(history[lo:]), omitted=lo, prompt_token_ids=ids(lo))

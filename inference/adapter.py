@@ -79,7 +79,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         system_prompt=system_prompt,
         history=turns,
         budget_tokens=context_limit - max_new_tokens,
-        count_tokens=lambda messages: len(engine.render_chat(messages)),
+        tokenize=engine.render_chat,
     )
     generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
     broadcast.publish(
@@ -87,7 +87,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     )
 
     handle = engine.submit(
-        engine.render_chat(context.messages),
+        context.prompt_token_ids,
         sampling_for(max_new_tokens=max_new_tokens),
         priority=tier.queue_priority,
         request_id=request_id,

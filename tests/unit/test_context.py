@@ -8,13 +8,20 @@ def words(messages):
     return sum(len(m["content"].split()) + 3 for m in messages) + 2
 
 
+def fake_tokenize(messages):
+    """Token ids standing in for a chat template render: ``words(messages)`` of them."""
+    return list(range(words(messages)))
+
+
 def turns(*contents):
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": c} for i, c in enumerate(contents)]
 
 
 def test_everything_fits_nothing_omitted():
     history = turns("a b", "c d", "e f")
-    ctx = assemble_context(system_prompt="be nice", history=history, budget_tokens=100, count_tokens=words)
+    ctx = assemble_context(
+        system_prompt="be nice", history=history, budget_tokens=100, tokenize=fake_tokenize
+    )
     assert ctx.omitted == 0
     assert ctx.messages[0] == {"role": "system", "content": "be nice"}
     assert ctx.messages[1:] == history
@@ -24,7 +31,7 @@ def test_everything_fits_nothing_omitted():
 def test_oldest_turns_are_left_out_and_system_prompt_stays_pinned():
     history = turns("one two three four", "five six seven eight", "nine ten", "eleven", "twelve thirteen")
     budget = words([{"role": "system", "content": "sys"}] + history[2:])
-    ctx = assemble_context(system_prompt="sys", history=history, budget_tokens=budget, count_tokens=words)
+    ctx = assemble_context(system_prompt="sys", history=history, budget_tokens=budget, tokenize=fake_tokenize)
     assert ctx.omitted == 2
     assert ctx.messages == [{"role": "system", "content": "sys"}] + history[2:]
     assert ctx.prompt_tokens <= budget
@@ -35,7 +42,7 @@ def test_window_is_the_longest_suffix_that_fits():
     for budget in range(10, 60):
         try:
             ctx = assemble_context(
-                system_prompt="", history=history, budget_tokens=budget, count_tokens=words
+                system_prompt="", history=history, budget_tokens=budget, tokenize=fake_tokenize
             )
         except ContextTooLong:
             assert words(history[-1:]) > budget
@@ -48,10 +55,25 @@ def test_window_is_the_longest_suffix_that_fits():
 def test_newest_turn_too_long_raises():
     with pytest.raises(ContextTooLong, match="context allows 5"):
         assemble_context(
-            system_prompt="", history=turns("a b c d e f g"), budget_tokens=5, count_tokens=words
+            system_prompt="", history=turns("a b c d e f g"), budget_tokens=5, tokenize=fake_tokenize
         )
 
 
 def test_empty_history_is_an_error():
     with pytest.raises(ValueError):
-        assemble_context(system_prompt="x", history=[], budget_tokens=10, count_tokens=words)
+        assemble_context(system_prompt="x", history=[], budget_tokens=10, tokenize=fake_tokenize)
+
+
+def test_each_window_is_rendered_once_and_its_ids_are_returned():
+    history = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4, 6, 2)])
+    calls = []
+
+    def tokenize(messages):
+        calls.append(len(messages))
+        return fake_tokenize(messages)
+
+    ctx = assemble_context(system_prompt="s", history=history, budget_tokens=40, tokenize=tokenize)
+    assert len(calls) == len(set(calls))  # no window rendered twice
+    assert ctx.prompt_token_ids == fake_tokenize(ctx.messages) and ctx.prompt_tokens == len(
+        ctx.prompt_token_ids
+    )
