@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens", type=int, default=128, help="uniform reply length (tokens, EOS ignored)"
     )
-    # 2 req/s is near this 2-core machine's capacity with our engine (at 1 req/s it only waits for arrivals).
-    p.add_argument("--rate", type=float, default=2.0, help="realistic Poisson arrival rate (requests/s)")
+    p.add_argument(
+        "--rate", type=float, default=RealisticParams.rate, help="realistic Poisson arrival rate (requests/s)"
+    )
     p.add_argument("--num-requests", type=int, default=None, help="realistic request count (default 48)")
     p.add_argument(
         "--duration",
