@@ -13,8 +13,12 @@ def generate_reply(message_id: int) -> str:
 
 
 @worker_ready.connect
-def load_engine_at_start(**kwargs):
+def load_engine_at_start(sender=None, **kwargs):
     """Load the model when the worker starts, not on the first user's request."""
     from inference.worker import get_host
 
-    get_host()
+    try:
+        queues = [q.name for q in sender.task_consumer.queues]
+    except AttributeError:
+        queues = []
+    get_host(queues=queues)

@@ -7,12 +7,14 @@ host runs three small daemon threads:
 * a **cancel listener** (Redis pub/sub on ``broadcast.CANCEL_CHANNEL``) that cancels a local request the
   moment a user presses Stop, so its slot and KV cache are freed at the next engine step;
 * a **lease heartbeat** that keeps ``broadcast.lease_key(id)`` alive for every reply this process owns;
-* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted``.
+* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted``;
+* a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -23,6 +25,7 @@ from django.db import close_old_connections
 
 from conversations import broadcast
 from conversations.generations import generations_reap_interrupted
+from inference import fleet
 from inference.engine import LLMEngine
 from inference.registry import engine_config, model_spec
 
@@ -36,9 +39,16 @@ REAPER_INTERVAL_S = 5.0
 class WorkerHost:
     """Owns the engine and the replies this process is generating (``active``: message id -> request id)."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, *, model_name: str = "", model_version: str = "", queues=()):
         self.engine = engine
         self.hostname = socket.gethostname()
+        self.worker_id = fleet.worker_id()
+        self.model_name = model_name
+        self.model_version = model_version
+        self.queues = list(queues)
+        self.started_at = time.time()
+        self.draining = False
+        self._decode_samples: list[tuple[float, int]] = []
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,13 +60,56 @@ class WorkerHost:
             (self._cancel_loop, "cancel-listener"),
             (self._heartbeat_loop, "lease-heartbeat"),
             (self._reaper_loop, "reaper"),
+            (self._publish_loop, "load-publisher"),
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
         return self
 
     def shutdown(self) -> None:
         self._stop.set()
+        try:
+            fleet.unpublish(self.worker_id, client=self._redis)
+        except Exception:
+            logger.warning("could not remove this worker's fleet status")
         self.engine.shutdown(timeout=5)
+
+    def status(self) -> fleet.WorkerStatus:
+        """This worker's current :class:`~inference.fleet.WorkerStatus` (engine load + identity).
+
+        ``decode_tokens_per_s`` is the rate of the engine's ``decode_tokens_total`` counter over the last
+        ~5 s, and the pending-token figures come from the engine's load, where the engine reports them."""
+        load = self.engine.load()
+        now = time.monotonic()
+        total = getattr(load, "decode_tokens_total", None)
+        tps = 0.0
+        if total is not None:
+            self._decode_samples.append((now, total))
+            self._decode_samples = [(t, n) for t, n in self._decode_samples if now - t <= 5.0]
+            (t0, n0) = self._decode_samples[0]
+            if now > t0:
+                tps = (total - n0) / (now - t0)
+        with self._lock:
+            active = len(self._active)
+        return fleet.WorkerStatus(
+            worker_id=self.worker_id,
+            host=self.hostname,
+            pid=os.getpid(),
+            model=self.model_name,
+            model_version=self.model_version,
+            queues=self.queues,
+            started_at=self.started_at,
+            ready=not self._stop.is_set(),
+            draining=self.draining,
+            waiting=load.waiting,
+            running=load.running,
+            kv_used_tokens=load.kv_used_tokens,
+            kv_total_tokens=load.kv_total_tokens,
+            max_num_seqs=load.max_num_seqs,
+            decode_tokens_per_s=round(tps, 2),
+            pending_prompt_tokens=getattr(load, "pending_prefill_tokens", 0),
+            pending_reply_tokens=getattr(load, "pending_decode_tokens", 0),
+            active_replies=active,
+        )
 
     @contextmanager
     def track(self, message_id: int):
@@ -107,6 +160,14 @@ class WorkerHost:
             except Exception:
                 logger.exception("lease heartbeat failed")
 
+    def _publish_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fleet.publish(self.status(), client=self._redis)
+            except Exception:  # a Redis outage must not kill the publisher; the key simply expires
+                logger.warning("could not publish this worker's load", exc_info=True)
+            self._stop.wait(fleet.PUBLISH_INTERVAL_S)
+
     def _reaper_loop(self) -> None:
         while not self._stop.wait(REAPER_INTERVAL_S):
             try:
@@ -128,13 +189,15 @@ _host: WorkerHost | None = None
 _host_lock = threading.Lock()
 
 
-def get_host() -> WorkerHost:
-    """This process's :class:`WorkerHost`, loading the default model on first use (seconds)."""
+def get_host(*, queues: list[str] | None = None) -> WorkerHost:
+    """This process's :class:`WorkerHost`, loading the default model on first use (seconds). ``queues``:
+    the broker queues this worker consumes, published with its fleet status."""
     global _host
     with _host_lock:
         if _host is None:
             started = time.monotonic()
-            engine = LLMEngine.from_spec(model_spec(), engine_config(), settings.MODEL_CACHE_DIR)
-            _host = WorkerHost(engine).start()
+            spec = model_spec()
+            engine = LLMEngine.from_spec(spec, engine_config(), settings.MODEL_CACHE_DIR)
+            _host = WorkerHost(engine, model_name=spec.name, queues=queues or []).start()
             logger.info("engine ready in %.1f s", time.monotonic() - started)
         return _host
