@@ -39,3 +39,13 @@ def seconds_until_tomorrow(now: datetime | None = None) -> int:
     """Seconds until the daily token quota resets (next local midnight)."""
     now = now or timezone.now()
     return max(1, int((start_of_day(now) + timedelta(days=1) - now).total_seconds()))
+
+
+def tier_backoff(*, tier) -> dict[str, float | str]:
+    """How the page retries after ``busy``/``rate_limited`` for ``tier``: ``{"kind": "linear"|"exponential",
+    "base_s": seconds, "cap_s": seconds}``. Paid tiers (``queue_priority > 0``) retry every ``base_s``;
+    free tiers back off exponentially, ``base_s * 2**attempt`` capped at ``cap_s`` (10, 20, 40, ... 160 s).
+    The delay of attempt ``k`` (0-based) is never below the server's ``retry_after``."""
+    if tier.queue_priority > 0:
+        return {"kind": "linear", "base_s": 10, "cap_s": 10}
+    return {"kind": "exponential", "base_s": 10, "cap_s": 160}

@@ -30,6 +30,12 @@ def message_group(message_id: int) -> str:
     return f"chat.message.{message_id}"
 
 
+def user_group(user_id: int) -> str:
+    """Channel-layer group of every open socket (every tab) of one user: tab sync, and closing a user's
+    sockets when their session ends. Events sent to it are ``{"type": "user.event", "frame": {...}}``."""
+    return f"chat.user.{user_id}"
+
+
 def stream_key(message_id: int) -> str:
     """Redis stream holding one message's token frames (fields ``seq``, ``text``) for replay."""
     return f"chatsite:stream:{message_id}"
@@ -173,6 +179,18 @@ def publish(message_id: int, frame: dict[str, Any]) -> None:
         pipe.expire(key, settings.STREAM_REPLAY_TTL_S)
         pipe.execute()
     _group_send(message_id, frame)
+
+
+def publish_to_user(user_id: int, frame: dict[str, Any]) -> None:
+    """Send ``frame`` to every open socket of ``user_id`` (sync callers). A frame of type ``session_ended``
+    closes those sockets (the consumer closes with 4401 after forwarding it)."""
+    layer = get_channel_layer()
+    _layer_loop.run(layer.group_send(user_group(user_id), {"type": "user.event", "frame": frame}))
+
+
+def publish_to_user_on_commit(user_id: int, frame: dict[str, Any]) -> None:
+    """:func:`publish_to_user` once the surrounding transaction commits."""
+    transaction.on_commit(lambda: publish_to_user(user_id, frame))
 
 
 def publish_on_commit(message_id: int, frame: dict[str, Any]) -> None:

@@ -34,8 +34,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.user_group = broadcast.user_group(self.user.pk)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
 
     async def disconnect(self, code):
+        if getattr(self, "user_group", None):
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
         for message_id in getattr(self, "watching", ()):
             await self.channel_layer.group_discard(broadcast.message_group(message_id), self.channel_name)
 
@@ -123,6 +128,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def chat_frame(self, event):
         """Channel-layer handler: forward a published frame to the browser."""
         await self.send_json(event["frame"])
+
+    async def user_event(self, event):
+        """Channel-layer handler for the user's group: forward the frame; ``session_ended`` also closes."""
+        await self.send_json(event["frame"])
+        if event["frame"].get("type") == "session_ended":
+            await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_error(self, code: str, message: str, *, retry_after=None, message_id=None):
         await self.send_json(

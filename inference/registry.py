@@ -36,3 +36,14 @@ def engine_config() -> EngineConfig:
         device=settings.INFERENCE_DEVICE,
         num_threads=settings.INFERENCE_NUM_THREADS,
     )
+
+
+def models_for_tier(tier) -> list[str]:
+    """Registered model names a tier may use, its own ``model_name`` first (then its ``degrade_to_model``
+    where the tier has one). Names not in ``INFERENCE_MODELS`` are left out."""
+    names = [tier.model_name, getattr(tier, "degrade_to_model", "") or ""]
+    seen: list[str] = []
+    for name in names:
+        if name and name in settings.INFERENCE_MODELS and name not in seen:
+            seen.append(name)
+    return seen

@@ -212,3 +212,16 @@ async def test_resume_of_a_reply_whose_worker_died_answers_interrupted(session_c
     assert all(f["type"] == "done" and f["status"] == "interrupted" and f["content"] == "par" for f in frames)
     assert (await database_sync_to_async(Message.objects.get)(pk=message_id)).status == "interrupted"
     await ws.disconnect()
+
+
+async def test_user_group_reaches_every_open_socket_and_session_ended_closes_them(
+    session_cookie, alice, redis_clean
+):
+    first, second = await open_socket(session_cookie), await open_socket(session_cookie)
+    await sync_to_async(broadcast.publish_to_user)(alice.pk, {"type": "ping_test"})
+    assert (await first.receive_json_from(timeout=5))["type"] == "ping_test"
+    assert (await second.receive_json_from(timeout=5))["type"] == "ping_test"
+    await sync_to_async(broadcast.publish_to_user)(alice.pk, {"type": "session_ended"})
+    for socket in (first, second):
+        assert (await socket.receive_json_from(timeout=5))["type"] == "session_ended"
+        assert (await socket.receive_output(timeout=5))["code"] == 4401
