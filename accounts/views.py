@@ -1,9 +1,11 @@
-from django.contrib.auth import login
+from django.contrib import messages as flash
+from django.contrib.auth import login, logout
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
-from accounts.forms import SignUpForm
+from accounts.forms import AccountDeleteForm, DefaultSystemPromptForm, SignUpForm
+from accounts.services import account_delete as delete_account
 from billing.selectors import usage_this_month, usage_today
 
 
@@ -20,12 +22,45 @@ def signup(request):
     return render(request, "registration/signup.html", {"form": form}, status=400 if form.errors else 200)
 
 
-@login_required
-def profile(request):
+def _profile(request, *, prompt_form=None, delete_form=None, status=200):
     user = request.user
     context = {
         "tier": user.tier,
         "usage_today": usage_today(user=user),
         "usage_month": usage_this_month(user=user),
+        "prompt_form": prompt_form or DefaultSystemPromptForm(instance=user),
+        "delete_form": delete_form or AccountDeleteForm(user=user),
     }
-    return render(request, "accounts/profile.html", context)
+    return render(request, "accounts/profile.html", context, status=status)
+
+
+@login_required
+def profile(request):
+    """Plan, usage, default system prompt, password and account deletion."""
+    return _profile(request)
+
+
+@login_required
+@require_POST
+def default_system_prompt(request):
+    """POST ``default_system_prompt`` (at most 4,000 characters)."""
+    form = DefaultSystemPromptForm(request.POST, instance=request.user)
+    if not form.is_valid():
+        return _profile(request, prompt_form=form, status=400)
+    form.save()
+    flash.success(request, "Default system prompt saved; new chats start with it.")
+    return redirect("accounts:profile")
+
+
+@login_required
+@require_POST
+def account_delete(request):
+    """POST ``password`` and ``confirm``: delete the account and all its data, then log out."""
+    form = AccountDeleteForm(request.POST, user=request.user)
+    if not form.is_valid():
+        return _profile(request, delete_form=form, status=400)
+    user = request.user
+    logout(request)
+    delete_account(user=user)
+    flash.success(request, "Your account and all its conversations were deleted.")
+    return redirect("accounts:login")

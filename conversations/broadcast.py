@@ -106,6 +106,12 @@ def frame_done(*, message) -> dict[str, Any]:
     }
 
 
+def frame_conversation(*, kind: str, conversation_id: int, title: str = "") -> dict[str, Any]:
+    """``conversation`` (to the user's group, every tab): ``kind`` is ``messages`` (new messages or another
+    branch shown: reload the path), ``renamed`` (new ``title``) or ``deleted``."""
+    return {"type": "conversation", "kind": kind, "conversation_id": conversation_id, "title": title}
+
+
 def frame_error(
     *, code: str, message: str, retry_after: float | None = None, message_id: int | None = None
 ) -> dict[str, Any]:

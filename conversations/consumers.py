@@ -6,6 +6,7 @@ the socket, so closing the tab loses nothing and ``resume`` picks the stream up 
 
 import json
 import logging
+from collections import Counter
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -14,7 +15,15 @@ from pydantic import ValidationError
 
 from conversations import broadcast, generations
 from conversations.admission import AdmissionRefused
-from conversations.protocol import RegenerateFrame, ResumeFrame, SendFrame, StopFrame, parse_client_frame
+from conversations.protocol import (
+    ContinueFrame,
+    EditFrame,
+    RegenerateFrame,
+    ResumeFrame,
+    SendFrame,
+    StopFrame,
+    parse_client_frame,
+)
 from conversations.selectors import message_get_for_user
 
 logger = logging.getLogger(__name__)
@@ -29,6 +38,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
+        # Conversations this socket itself just changed: its own tab-sync echo is dropped (one per ticket).
+        self.own_changes: Counter[int] = Counter()
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
@@ -67,6 +78,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await self.handle_stop(frame)
             elif isinstance(frame, ResumeFrame):
                 await self.handle_resume(frame)
+            elif isinstance(frame, EditFrame):
+                await self.watch_ticket(
+                    await database_sync_to_async(generations.reply_edit)(
+                        user=self.user, message_id=frame.message_id, content=frame.content
+                    )
+                )
+            elif isinstance(frame, ContinueFrame):
+                await self.watch_ticket(
+                    await database_sync_to_async(generations.reply_continue)(
+                        user=self.user, message_id=frame.message_id
+                    )
+                )
         except AdmissionRefused as exc:
             await self.send_error(exc.code, exc.message, retry_after=exc.retry_after)
         except generations.GenerationError as exc:
@@ -112,6 +135,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(token)
 
     async def watch_ticket(self, ticket: "generations.ReplyTicket"):
+        self.own_changes[ticket.message.conversation_id] += 1
         await self.watch(ticket.message.id)
         frame = await database_sync_to_async(broadcast.frame_queued)(
             message=ticket.message, user_message_id=ticket.user_message_id, position=ticket.position
@@ -130,7 +154,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(event["frame"])
 
     async def user_event(self, event):
-        """Channel-layer handler for the user's group: forward the frame; ``session_ended`` also closes."""
+        """Channel-layer handler for the user's group: forward the frame; ``session_ended`` also closes.
+        A tab-sync ``conversation`` frame caused by this socket's own request is not echoed back to it."""
+        frame = event["frame"]
+        if frame.get("type") == "conversation" and frame.get("kind") == "messages":
+            cid = frame.get("conversation_id")
+            if self.own_changes[cid] > 0:
+                self.own_changes[cid] -= 1
+                return
         await self.send_json(event["frame"])
         if event["frame"].get("type") == "session_ended":
             await self.close(code=CLOSE_UNAUTHENTICATED)

@@ -1,6 +1,7 @@
 """The life of a generated reply, from the user's request to its final stored text.
 
-Web side: :func:`reply_request`, :func:`reply_regenerate`, :func:`reply_cancel` (called by the consumer).
+Web side: :func:`reply_request`, :func:`reply_regenerate`, :func:`reply_edit`, :func:`reply_continue`,
+:func:`reply_cancel` (called by the consumer). Regenerate and edit add branches (``conversations.branches``).
 Worker side: :func:`generation_start`, :func:`generation_history`, :func:`generation_set_context`,
 :func:`generation_finish` (called by ``inference/adapter.py``) and :func:`generations_reap_interrupted`.
 
@@ -19,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.services import usage_record_create
-from conversations import broadcast
+from conversations import branches, broadcast, token_budget
 from conversations.admission import admission_check
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
@@ -62,29 +63,35 @@ def _dispatch(message: Message) -> None:
     )
 
 
-def _queue_reply(*, conversation: Conversation) -> Message:
+def _refuse_if_busy(conversation: Conversation) -> None:
     if conversation.messages.filter(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES).exists():
         raise GenerationError(
             "too_many_generations", "A reply is still being generated in this conversation."
         )
+
+
+def _queue_reply(*, conversation: Conversation, parent: Message) -> Message:
+    _refuse_if_busy(conversation)
     message = message_create(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
         content="",
         status=Message.Status.QUEUED,
         model_name=conversation.owner.tier.model_name,
+        parent=parent,
     )
     _dispatch(message)
+    # Every other tab of the user shows the new branch (tab sync through the per-user group).
+    broadcast.publish_to_user_on_commit(
+        conversation.owner_id,
+        broadcast.frame_conversation(
+            kind="messages", conversation_id=conversation.id, title=conversation.title
+        ),
+    )
     return message
 
 
-def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTicket:
-    """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
-    task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
-
-    Raises ``GenerationError("invalid_request")`` for empty/too long content, ``ConversationNotFound``,
-    ``AdmissionRefused`` (nothing stored in either case).
-    """
+def _validate_content(*, user, content: str, system_prompt: str) -> str:
     content = (content or "").strip()
     if not content:
         raise GenerationError("invalid_request", "The message is empty.")
@@ -92,38 +99,102 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
         raise GenerationError(
             "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
         )
+    too_long = token_budget.check_fits(tier=user.tier, system_prompt=system_prompt, content=content)
+    if too_long is not None:
+        raise GenerationError("context_too_long", too_long.message)
+    return content
+
+
+def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTicket:
+    """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
+    task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
+
+    Raises ``GenerationError("invalid_request")`` for empty/too long content,
+    ``GenerationError("context_too_long")`` when it cannot fit the plan's context (the real limit in tokens
+    and words), ``ConversationNotFound``, ``AdmissionRefused`` (nothing stored in any case).
+    """
     with transaction.atomic():
         if conversation_id is None:
-            conversation = conversation_create(owner=user, title=title_from_content(content))
+            system_prompt = user.default_system_prompt
         else:
             conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+            system_prompt = conversation.system_prompt
+        content = _validate_content(user=user, content=content, system_prompt=system_prompt)
+        if conversation_id is None:
+            conversation = conversation_create(owner=user, title=title_from_content(content))
         admission_check(user=user)
         user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
-        assistant = _queue_reply(conversation=conversation)
+        assistant = _queue_reply(conversation=conversation, parent=user_message)
     return ReplyTicket(
         message=assistant, user_message_id=user_message.id, position=queue_position(message=assistant)
     )
 
 
 def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
-    """Replace the conversation's last reply (finished in any state) with a new queued one; when the
-    conversation ends with a user message that has no reply, queue one for it.
+    """Answer the active branch's last user message again: a new queued reply becomes a sibling of the
+    last reply (finished in any state), which is kept to flip back to; when the branch ends with a user
+    message that has no reply, queue one for it.
 
     Raises ``GenerationError`` when there is nothing to answer or a reply is still active.
     """
     with transaction.atomic():
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        newest = conversation.messages.order_by("-created_at", "-id").first()
+        newest = conversation.active_leaf
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
             raise GenerationError("invalid_request", "There is no reply to regenerate.")
         if newest.is_active:
             raise GenerationError(
                 "too_many_generations", "A reply is still being generated in this conversation."
             )
+        parent = newest if newest.role == Message.Role.USER else newest.parent
+        if parent is None:
+            raise GenerationError("invalid_request", "There is no message to answer.")
         admission_check(user=user)
-        if newest.role == Message.Role.ASSISTANT:
-            newest.delete()
-        assistant = _queue_reply(conversation=conversation)
+        assistant = _queue_reply(conversation=conversation, parent=parent)
+    return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
+
+
+def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
+    """Edit a sent user message: a new user message with ``content`` becomes a sibling of it (same parent),
+    gets a new queued reply, and their branch becomes the active one; the old branch is kept.
+
+    Raises ``MessageNotFound``, ``GenerationError`` (not a user message, bad content, a reply still
+    active), ``AdmissionRefused``; nothing is stored then.
+    """
+    with transaction.atomic():
+        original = message_get_for_user(user=user, message_id=message_id)
+        if original.role != Message.Role.USER:
+            raise GenerationError("invalid_request", "Only your own messages can be edited.")
+        conversation = original.conversation
+        content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
+        _refuse_if_busy(conversation)
+        admission_check(user=user)
+        edited = message_create(
+            conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
+        )
+        assistant = _queue_reply(conversation=conversation, parent=edited)
+    return ReplyTicket(
+        message=assistant, user_message_id=edited.id, position=queue_position(message=assistant)
+    )
+
+
+def reply_continue(*, user, message_id: int) -> ReplyTicket:
+    """Continue a reply that stopped at the length limit (``finish_reason == "length"``) and is the
+    active leaf: a new queued reply follows it, with the cut reply as the last turn of its context.
+
+    Raises ``MessageNotFound``, ``GenerationError`` (not a cut-off last reply), ``AdmissionRefused``.
+    """
+    with transaction.atomic():
+        cut = message_get_for_user(user=user, message_id=message_id)
+        conversation = cut.conversation
+        if cut.role != Message.Role.ASSISTANT or cut.finish_reason != "length":
+            raise GenerationError(
+                "invalid_request", "Only a reply cut off at the length limit can be continued."
+            )
+        if conversation.active_leaf_id != cut.pk:
+            raise GenerationError("invalid_request", "Only the last reply can be continued.")
+        admission_check(user=user)
+        assistant = _queue_reply(conversation=conversation, parent=cut)
     return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
 
 
@@ -167,16 +238,15 @@ def generation_start(*, message_id: int) -> Message | None:
 
 
 def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
-    """``(system_prompt, turns)`` preceding ``message``, oldest first, as chat-template dicts. Replies that
-    ended with no text (failed, cancelled before any token) are left out."""
-    earlier = (
-        message.conversation.messages.filter(
-            created_at__lte=message.created_at, role__in=[Message.Role.USER, Message.Role.ASSISTANT]
-        )
-        .exclude(pk=message.pk)
-        .order_by("created_at", "id")
-    )
-    turns = [{"role": m.role, "content": m.content} for m in earlier if m.content]
+    """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
+    are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,
+    cancelled before any token) are left out."""
+    earlier = branches.ancestors(message=message)
+    turns = [
+        {"role": m.role, "content": m.content}
+        for m in earlier
+        if m.content and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+    ]
     return message.conversation.system_prompt, turns
 
 

@@ -1,6 +1,8 @@
 """Conversations and their messages. Writes go through ``services.py``, reads through ``selectors.py``."""
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 
 
@@ -12,13 +14,22 @@ class Conversation(models.Model):
     )
     title = models.CharField(max_length=200, blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
+    # The newest message of the branch on screen; the active path is its chain of parents (one recursive
+    # query, see selectors.active_path). Null only for a conversation without messages.
+    active_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-updated_at", "-id"]
-        # The sidebar pages through one user's conversations, newest first.
-        indexes = [models.Index(fields=["owner", "-updated_at", "-id"], name="conv_owner_updated_idx")]
+        indexes = [
+            # The sidebar pages through one user's conversations, newest first.
+            models.Index(fields=["owner", "-updated_at", "-id"], name="conv_owner_updated_idx"),
+            # Title search (PostgreSQL full-text search).
+            GinIndex(SearchVector("title", config="simple"), name="conv_title_search_idx"),
+        ]
 
     def __str__(self) -> str:
         return self.title or f"Conversation {self.pk}"
@@ -44,6 +55,15 @@ class Message(models.Model):
     ACTIVE_STATUSES = (Status.QUEUED, Status.STREAMING)
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # The branch tree: a message answers (or follows) its parent; siblings are alternative branches
+    # (an edited user message, a regenerated reply). ``active_child`` remembers which branch below this
+    # message was shown last, so flipping back to it restores the whole sub-branch.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    active_child = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETED)
@@ -64,6 +84,11 @@ class Message(models.Model):
         indexes = [
             # A long conversation is paged through in order.
             models.Index(fields=["conversation", "created_at", "id"], name="msg_conv_created_idx"),
+            # Siblings of a message (same parent; roots have none) are listed with the active path.
+            models.Index(fields=["conversation", "parent"], name="msg_conv_parent_idx"),
+            # Message text search (PostgreSQL full-text search, "simple" configuration: no stemming
+            # surprises across languages).
+            GinIndex(SearchVector("content", config="simple"), name="msg_content_search_idx"),
             # Admission control and the interrupted-message reaper look up active generations.
             models.Index(
                 fields=["status"],
@@ -78,3 +103,23 @@ class Message(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE_STATUSES
+
+
+class SharedLink(models.Model):
+    """A read-only snapshot of a conversation's active branch, viewable without an account at
+    ``/s/<token>/`` until its owner revokes it. ``snapshot`` is frozen at creation: a list of
+    ``{"role", "content", "created_at"}`` dicts, so later messages never appear."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="shared_links")
+    # secrets.token_urlsafe(24): 192 random bits, unguessable.
+    token = models.CharField(max_length=64, unique=True)
+    title = models.CharField(max_length=200, blank=True, default="")
+    snapshot = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"share of {self.conversation_id} ({'revoked' if self.revoked_at else 'live'})"

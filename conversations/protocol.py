@@ -39,11 +39,25 @@ class RegenerateFrame(_Frame):
     conversation_id: int
 
 
-ClientFrame = TypeAdapter(
-    Annotated[SendFrame | StopFrame | ResumeFrame | RegenerateFrame, Field(discriminator="type")]
-)
+class EditFrame(_Frame):
+    """Edit a sent user message: a sibling branch with ``content`` and a new reply."""
+
+    type: Literal["edit"]
+    message_id: int
+    content: str
 
 
-def parse_client_frame(data) -> SendFrame | StopFrame | ResumeFrame | RegenerateFrame:
+class ContinueFrame(_Frame):
+    """Continue the last reply, which stopped at the length limit."""
+
+    type: Literal["continue"]
+    message_id: int
+
+
+AnyClientFrame = SendFrame | StopFrame | ResumeFrame | RegenerateFrame | EditFrame | ContinueFrame
+ClientFrame = TypeAdapter(Annotated[AnyClientFrame, Field(discriminator="type")])
+
+
+def parse_client_frame(data) -> AnyClientFrame:
     """Validate one decoded JSON frame. Raises ``pydantic.ValidationError`` with the offending field."""
     return ClientFrame.validate_python(data)

@@ -1,5 +1,6 @@
 """Writes to conversations and messages (keyword-only, ``<entity>_<verb>``)."""
 
+from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -7,18 +8,41 @@ from conversations.models import Conversation, Message
 TITLE_MAX_CHARS = 60
 
 
-def conversation_create(*, owner, title: str = "", system_prompt: str = "") -> Conversation:
-    """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters."""
+class _Append:
+    """Sentinel: ``message_create`` without ``parent`` appends to the active leaf."""
+
+
+APPEND = _Append()
+SYSTEM_PROMPT_MAX_CHARS = 4000
+
+
+def conversation_create(*, owner, title: str = "", system_prompt: str | None = None) -> Conversation:
+    """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters. ``system_prompt``
+    None takes the owner's default system prompt (profile)."""
+    if system_prompt is None:
+        system_prompt = getattr(owner, "default_system_prompt", "") or ""
     return Conversation.objects.create(owner=owner, title=title.strip()[:200], system_prompt=system_prompt)
 
 
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
-    """Set a new title (stripped, at most 200 characters). Raises ValueError for an empty title."""
+    """Set a new title (stripped, at most 200 characters). Raises ValueError for an empty title.
+    The sidebar order (``updated_at``) is left alone: renaming is not activity."""
     title = title.strip()
     if not title:
         raise ValueError("title must not be empty")
     conversation.title = title[:200]
-    conversation.save(update_fields=["title", "updated_at"])
+    Conversation.objects.filter(pk=conversation.pk).update(title=conversation.title)
+    return conversation
+
+
+def conversation_set_system_prompt(*, conversation: Conversation, system_prompt: str) -> Conversation:
+    """Replace the conversation's system prompt (pinned at the head of every later reply's context).
+    Raises ValueError beyond ``SYSTEM_PROMPT_MAX_CHARS`` characters."""
+    system_prompt = system_prompt.strip()
+    if len(system_prompt) > SYSTEM_PROMPT_MAX_CHARS:
+        raise ValueError(f"the system prompt is longer than {SYSTEM_PROMPT_MAX_CHARS} characters")
+    conversation.system_prompt = system_prompt
+    Conversation.objects.filter(pk=conversation.pk).update(system_prompt=system_prompt)
     return conversation
 
 
@@ -47,10 +71,32 @@ def message_create(
     content: str,
     status: str = Message.Status.COMPLETED,
     model_name: str = "",
+    parent: Message | None | _Append = APPEND,
 ) -> Message:
-    """Store a message and move its conversation to the top of the sidebar."""
-    message = Message.objects.create(
-        conversation=conversation, role=role, content=content, status=status, model_name=model_name
-    )
-    conversation_touch(conversation=conversation)
+    """Store a message as the new active leaf and move its conversation to the top of the sidebar.
+
+    ``parent`` left out: the message follows the conversation's active leaf (a linear append, what callers
+    that know nothing of branches want). ``parent=<Message>`` adds a child there (a new branch when it
+    already has children); ``parent=None`` adds a root (a sibling of the first message). The parent's
+    ``active_child`` and the conversation's ``active_leaf`` move to the new message.
+    """
+    with transaction.atomic():
+        # Lock the conversation row: two appends at once must not both read the same leaf.
+        locked = Conversation.objects.select_for_update().only("id", "active_leaf").get(pk=conversation.pk)
+        if isinstance(parent, _Append):
+            parent_id = locked.active_leaf_id
+        else:
+            parent_id = parent.pk if parent is not None else None
+        message = Message.objects.create(
+            conversation=conversation,
+            parent_id=parent_id,
+            role=role,
+            content=content,
+            status=status,
+            model_name=model_name,
+        )
+        if parent_id is not None:
+            Message.objects.filter(pk=parent_id).update(active_child=message)
+        Conversation.objects.filter(pk=conversation.pk).update(active_leaf=message, updated_at=timezone.now())
+        conversation.active_leaf_id = message.pk
     return message

@@ -1,185 +1,36 @@
-/* chatsite chat page: WebSocket client, streaming markdown, sidebar.
- * Plain ES2020, no build step. Protocol: docs/websocket-protocol.md.
- * Needs (loaded before this file): marked, DOMPurify, hljs from static/vendor/. */
+/* chatsite chat page: the conversation controller. Requests (send, edit, regenerate, continue, stop),
+ * the reply being generated, server frames, busy/rate-limit auto-retry and tab sync. Plain ES2020, no
+ * build step; the other concerns live in render.js, socket.js, sidebar.js, composer.js, branches.js. */
 (() => {
   'use strict';
   document.documentElement.classList.add('js');
   const app = document.getElementById('chat-app');
   if (!app) return;
+  const Chat = window.Chat;
+  const { $, $$, FINAL, render } = Chat;
 
-  const $ = (sel, root = document) => root.querySelector(sel);
-  const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
   const els = {
-    list: $('#message-list'), form: $('#composer-form'), composer: $('#composer'),
-    send: $('#send-button'), stop: $('#stop-button'), conn: $('#connection-status'),
-    queue: $('#queue-status'), banner: $('#chat-banner'), title: $('#conversation-title'),
-    convList: $('#conversation-list'), toggle: $('#sidebar-toggle'), counter: $('#char-count'),
+    list: $('#message-list'), stop: $('#stop-button'), send: $('#send-button'), conn: $('#connection-status'),
+    queue: $('#queue-status'), queueText: $('#queue-status .queue-text'), queueCancel: $('#queue-status .queue-cancel'),
+    banner: $('#chat-banner'), title: $('#conversation-title'),
   };
-  const ID_PLACEHOLDER = '987654321'; // the id the template reverses URLs with
+  const pageConfig = JSON.parse($('#chat-config')?.textContent || '{}');
   const cfg = {
     wsPath: app.dataset.wsPath || '/ws/chat/',
     maxChars: parseInt(app.dataset.maxChars, 10) || 0,
-    detailUrl: app.dataset.detailUrl || `/chat/${ID_PLACEHOLDER}/`,
-    firstSidebarPage: (app.dataset.sidebarPage || '1') === '1',
+    detailUrl: app.dataset.detailUrl,
+    backoff: pageConfig.backoff || { kind: 'linear', base_s: 5, cap_s: 5 },
   };
-  const FINAL = new Set(['completed', 'cancelled', 'failed', 'interrupted']);
   const state = {
     conversationId: app.dataset.conversationId ? Number(app.dataset.conversationId) : null,
-    ws: null, attempts: 0, reconnectTimer: null, retryTimer: null,
+    retryTimer: null,
     active: null,  // reply being generated: {id, el, text, lastSeq, resyncing, stopping}
-    pending: null, // send/regenerate frame not yet answered by `queued`: {frame, text, userEl, replaces, transmitted, stopRequested}
+    pending: null, // frame not yet answered by `queued`: {frame, text, userEl, transmitted, stopRequested, attempts}
   };
+  const busy = () => Boolean(state.active || state.pending);
+  const csrf = () => $('input[name="csrfmiddlewaretoken"]', app)?.value || '';
 
-  // ---------- Markdown (marked -> DOMPurify; raw HTML from the model is shown as text) ----------
-  const escapeHtml = (s) => String(s).replace(/[&<>"']/g,
-    (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
-  const canRender = Boolean(window.marked && window.DOMPurify);
-  let autoDetect = false; // language auto-detection only for finished replies (it is slow)
-  const md = canRender && new window.marked.Marked({
-    gfm: true,
-    breaks: true,
-    renderer: {
-      html: (tok) => (tok.block ? `<p>${escapeHtml(tok.text)}</p>` : escapeHtml(tok.text)),
-      // No remote images: a model could be talked into leaking data through an image URL.
-      image: (tok) => `<a href="${escapeHtml(tok.href)}">${escapeHtml(tok.text || tok.href)}</a>`,
-      code: (tok) => {
-        const hljs = window.hljs;
-        const lang = (tok.lang || '').trim().split(/\s+/)[0].toLowerCase();
-        let cls = 'hljs';
-        let body = escapeHtml(tok.text);
-        if (hljs && lang && hljs.getLanguage(lang)) {
-          body = hljs.highlight(tok.text, { language: lang, ignoreIllegals: true }).value;
-          cls += ` language-${lang}`;
-        } else if (hljs && !lang && autoDetect && tok.text.length < 20000) {
-          const r = hljs.highlightAuto(tok.text);
-          body = r.value;
-          if (r.language) cls += ` language-${r.language}`;
-        }
-        return `<pre><code class="${escapeHtml(cls)}">${body}</code></pre>\n`;
-      },
-    },
-  });
-  if (canRender) {
-    window.DOMPurify.addHook('afterSanitizeAttributes', (node) => {
-      if (node.tagName === 'A') {
-        node.setAttribute('target', '_blank');
-        node.setAttribute('rel', 'noopener noreferrer nofollow');
-      }
-    });
-  }
-
-  function renderMarkdown(contentEl, text, final) {
-    if (!canRender) { contentEl.textContent = text; return; }
-    autoDetect = final;
-    contentEl.innerHTML = window.DOMPurify.sanitize(md.parse(text), {
-      USE_PROFILES: { html: true },
-      FORBID_TAGS: ['style', 'form', 'input', 'button', 'textarea', 'select'],
-      FORBID_ATTR: ['style'],
-    });
-    contentEl.classList.add('markdown');
-    for (const pre of contentEl.querySelectorAll('pre')) {
-      const b = document.createElement('button');
-      b.type = 'button';
-      b.className = 'copy-button';
-      b.textContent = 'Copy';
-      pre.append(b);
-    }
-  }
-
-  async function copyCode(btn) {
-    const text = btn.closest('pre')?.querySelector('code')?.textContent ?? '';
-    try {
-      await navigator.clipboard.writeText(text);
-    } catch { // no clipboard API (plain http on a LAN address): old-style copy
-      const ta = Object.assign(document.createElement('textarea'), { value: text });
-      document.body.append(ta);
-      ta.select();
-      document.execCommand('copy');
-      ta.remove();
-    }
-    btn.textContent = 'Copied';
-    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
-  }
-
-  // ---------- Message bubbles ----------
-  const messageById = (id) => (id == null ? null : $(`.message[data-message-id="${Number(id)}"]`, els.list));
-  const lastMessage = () => $$('.message', els.list).pop() || null;
-  const nearBottom = () => els.list.scrollHeight - els.list.scrollTop - els.list.clientHeight < 80;
-  const scrollToBottom = () => { els.list.scrollTop = els.list.scrollHeight; };
-
-  function addMessage(role, id, status) {
-    $('#empty-state')?.remove();
-    const el = document.createElement('article');
-    el.className = `message ${role}`;
-    el.dataset.messageId = id ?? '';
-    el.dataset.status = status;
-    el.dataset.finishReason = '';
-    el.innerHTML = `<header class="role">${role === 'user' ? 'You' : 'Assistant'}</header>
-      <div class="content"></div><p class="status-line" hidden></p>
-      <footer class="meta"></footer><div class="actions"></div>`;
-    els.list.append(el);
-    scrollToBottom();
-    return el;
-  }
-
-  function setOmitted(el, n) {
-    let note = $('.omitted-note', el);
-    if (!n) { note?.remove(); return; }
-    if (!note) {
-      note = document.createElement('p');
-      note.className = 'omitted-note';
-      $('.content', el).before(note);
-    }
-    note.textContent = `${n} earlier ${n === 1 ? 'message was' : 'messages were'} left out of the model's context`;
-  }
-
-  function setStatusLine(el, text, isError = false) {
-    const line = $('.status-line', el);
-    line.textContent = text || '';
-    line.hidden = !text;
-    line.classList.toggle('error', isError);
-  }
-
-  function finishBubble(el, status, finishReason, error) {
-    el.dataset.status = status;
-    el.dataset.finishReason = finishReason || '';
-    $('.content', el).setAttribute('aria-busy', 'false');
-    if (status === 'failed') setStatusLine(el, `Failed: ${error || 'the reply could not be generated.'}`, true);
-    else if (status === 'interrupted') setStatusLine(el, 'Interrupted — the worker stopped before the reply finished.', true);
-    else if (status === 'cancelled') setStatusLine(el, 'Stopped — the partial reply was kept.');
-    else if (finishReason === 'length') setStatusLine(el, 'Cut off at the reply length limit.');
-    else setStatusLine(el, '');
-  }
-
-  // ---------- Controls, banner, status lines ----------
-  function refreshControls() {
-    const busy = Boolean(state.active || state.pending);
-    els.send.disabled = busy;
-    els.stop.hidden = !busy;
-    els.stop.disabled = Boolean(state.active?.stopping);
-    $$('.regenerate-button', els.list).forEach((b) => b.remove());
-    const last = lastMessage();
-    if (busy || !last || !state.conversationId) return;
-    const isAssistant = last.classList.contains('assistant');
-    if (isAssistant ? !FINAL.has(last.dataset.status) : !last.classList.contains('user')) return;
-    const b = document.createElement('button');
-    b.type = 'button';
-    b.className = 'button small regenerate-button';
-    b.textContent = (!isAssistant || ['failed', 'interrupted'].includes(last.dataset.status)) ? 'Retry' : 'Regenerate';
-    $('.actions', last).append(b);
-  }
-
-  function setQueueStatus(text, kind = '') {
-    els.queue.textContent = text;
-    els.queue.hidden = !text;
-    els.queue.dataset.state = text ? kind : '';
-  }
-
-  function setConn(st, text) {
-    els.conn.dataset.state = st;
-    els.conn.textContent = text;
-  }
-
+  // ---------- Banner, status lines ----------
   function showBanner(text, retry = null) {
     $('.banner-text', els.banner).textContent = text;
     const btn = $('.banner-retry', els.banner);
@@ -188,17 +39,57 @@
     els.banner.hidden = false;
   }
   const hideBanner = () => { els.banner.hidden = true; };
+  Chat.showBanner = showBanner;
 
-  // ---------- Requests ----------
-  function sendFrame(frame) {
-    if (state.ws?.readyState !== WebSocket.OPEN) return false;
-    state.ws.send(JSON.stringify(frame));
-    return true;
+  function setQueueStatus(text, kind = '', cancellable = false) {
+    els.queueText.textContent = text;
+    els.queue.hidden = !text;
+    els.queue.dataset.state = text ? kind : '';
+    els.queueCancel.hidden = !cancellable;
+  }
+  const CONN_TEXT = { connecting: 'Connecting…', reconnecting: 'Reconnecting…', open: 'Connected', closed: 'Signed out — reload the page' };
+  function setConn(st) { els.conn.dataset.state = st; els.conn.textContent = CONN_TEXT[st]; }
+
+  // ---------- Messages ----------
+  const messageById = (id) => (id == null ? null : $(`.message[data-message-id="${Number(id)}"]`, els.list));
+  const lastMessage = () => $$('.message', els.list).pop() || null;
+  const nearBottom = () => els.list.scrollHeight - els.list.scrollTop - els.list.clientHeight < 80;
+  const scrollToBottom = () => { els.list.scrollTop = els.list.scrollHeight; };
+
+  function addMessage(role, id, status) {
+    $('#empty-state')?.remove();
+    const el = render.bubble(role, id, status);
+    els.list.append(el);
+    scrollToBottom();
+    return el;
   }
 
+  /** Regenerate/Retry and Continue only on the last message, only while nothing runs. */
+  function refreshControls() {
+    const isBusy = busy();
+    els.send.disabled = isBusy;
+    els.stop.hidden = !isBusy;
+    els.stop.disabled = Boolean(state.active?.stopping);
+    $$('.regenerate-button, .continue-button', els.list).forEach((b) => b.remove());
+    $$('.branch-nav button', els.list).forEach((b) => { b.classList.toggle('locked', isBusy); });
+    const last = lastMessage();
+    if (isBusy || !last || !state.conversationId || !last.dataset.messageId) return;
+    const isAssistant = last.classList.contains('assistant');
+    if (isAssistant ? !FINAL.has(last.dataset.status) : !last.classList.contains('user')) return;
+    const actions = $('.actions', last);
+    const button = (cls, label) => actions.append(Object.assign(document.createElement('button'),
+      { type: 'button', className: `button small ${cls}`, textContent: label }));
+    if (isAssistant && last.dataset.status === 'completed' && last.dataset.finishReason === 'length') {
+      button('continue-button', 'Continue');
+    }
+    button('regenerate-button',
+      (!isAssistant || ['failed', 'interrupted'].includes(last.dataset.status)) ? 'Retry' : 'Regenerate');
+  }
+
+  // ---------- Requests ----------
   function request(frame, extra = {}) {
     hideBanner();
-    state.pending = { frame, transmitted: false, stopRequested: false, ...extra };
+    state.pending = { frame, transmitted: false, stopRequested: false, attempts: 0, ...extra };
     transmit();
     refreshControls();
   }
@@ -206,24 +97,49 @@
   function transmit() { // (re)send the pending frame; if the socket is down, `open` sends it
     const p = state.pending;
     if (!p) return;
-    p.transmitted = sendFrame(p.frame);
+    p.transmitted = socket.send(p.frame);
     setQueueStatus(p.transmitted ? 'Sending…' : 'Waiting for the connection…', 'sending');
   }
 
-  function sendText(text) {
-    const userEl = addMessage('user', null, 'pending');
-    $('.content', userEl).textContent = text;
-    request({ type: 'send', conversation_id: state.conversationId, content: text }, { text, userEl, retry: () => sendText(text) });
+  function sendText(text, editId = null) {
+    if (busy()) return false;
+    let userEl = null;
+    if (editId) {
+      // The edited message and everything after it leave the screen; the new branch replaces them.
+      const original = messageById(editId);
+      const hidden = original ? [original, ...nextSiblings(original)] : [];
+      hidden.forEach((el) => { el.hidden = true; });
+      userEl = addMessage('user', null, 'pending');
+      $('.content', userEl).textContent = text;
+      request({ type: 'edit', message_id: Number(editId), content: text },
+        { text, userEl, hidden, retry: () => retryText(text, editId) });
+    } else {
+      userEl = addMessage('user', null, 'pending');
+      $('.content', userEl).textContent = text;
+      request({ type: 'send', conversation_id: state.conversationId, content: text },
+        { text, userEl, retry: () => retryText(text) });
+    }
+    return true;
   }
+  function retryText(text, editId = null) { composer.consume(text); sendText(text, editId); }
+  const nextSiblings = (el) => { const out = []; for (let n = el.nextElementSibling; n; n = n.nextElementSibling) out.push(n); return out; };
 
   function regenerate() {
-    if (state.active || state.pending || !state.conversationId) return;
+    if (busy() || !state.conversationId) return;
     const last = lastMessage();
+    const replaces = last?.classList.contains('assistant') ? last : null;
+    if (replaces) replaces.hidden = true; // kept on the server as a sibling: ‹ › flips back to it
     request({ type: 'regenerate', conversation_id: state.conversationId },
-      { replaces: last?.classList.contains('assistant') ? last : null, retry: regenerate });
+      { hidden: replaces ? [replaces] : [], retry: regenerate });
   }
 
-  function stopRetry() { clearInterval(state.retryTimer); state.retryTimer = null; }
+  function continueReply() {
+    const last = lastMessage();
+    if (busy() || !last) return;
+    request({ type: 'continue', message_id: Number(last.dataset.messageId) }, { retry: continueReply });
+  }
+
+  function stopRetry() { clearTimeout(state.retryTimer); state.retryTimer = null; }
 
   function abandonPending() { // nothing was stored: take the bubble back, give the text back
     const p = state.pending;
@@ -231,24 +147,29 @@
     stopRetry();
     state.pending = null;
     p.userEl?.remove();
-    if (p.text && !els.composer.value) { els.composer.value = p.text; autosize(); }
+    (p.hidden || []).forEach((el) => { el.hidden = false; });
+    composer.restore(p.text);
     setQueueStatus('');
     refreshControls();
     return p;
   }
 
-  function startRetryCountdown(code, seconds) {
+  /** busy / rate_limited: retry on the tier's schedule with a visible, cancellable countdown. */
+  function startRetryCountdown(code, retryAfter) {
     stopRetry();
-    state.pending.transmitted = false;
-    let left = Math.max(1, Math.ceil(seconds));
-    const label = code === 'busy' ? 'Busy' : 'Rate limit reached';
+    const p = state.pending;
+    p.transmitted = false;
+    const deadline = Date.now() + Chat.retryDelay(cfg.backoff, p.attempts, retryAfter) * 1000;
+    p.attempts += 1;
+    const label = code === 'busy' ? 'The service is busy' : 'Rate limit reached';
     const tick = () => {
+      const left = Math.ceil((deadline - Date.now()) / 1000);
       if (left <= 0) { stopRetry(); transmit(); return; }
-      setQueueStatus(`${label} — retrying in ${left} s`, 'retrying');
-      left -= 1;
+      // Announce every 5 s (and the last seconds) so screen readers are not flooded.
+      setQueueStatus(`${label} — retrying in ${left} s (attempt ${p.attempts + 1})`, 'retrying', true);
+      state.retryTimer = setTimeout(tick, 1000);
     };
     tick();
-    state.retryTimer = setInterval(tick, 1000);
   }
 
   function startActive(el, id) {
@@ -258,54 +179,45 @@
     state.active = { id, el, text: '', lastSeq: -1, resyncing: false, stopping: false };
   }
 
-  function endActive() {
-    state.active = null;
-    setQueueStatus('');
-  }
+  function endActive() { state.active = null; setQueueStatus(''); }
 
-  // ---------- Sidebar ----------
-  const withId = (s, id) => s.split(ID_PLACEHOLDER).join(String(id));
+  function stopActive() {
+    const a = state.active;
+    if (!a) return;
+    a.stopping = true; // if the socket is down, `open` sends the stop after the resume
+    socket.send({ type: 'stop', message_id: a.id });
+    refreshControls();
+  }
 
   function setConversation(id, title) {
     if (state.conversationId !== id) {
       state.conversationId = id;
       app.dataset.conversationId = id;
-      history.replaceState(null, '', withId(cfg.detailUrl, id));
+      history.replaceState(null, '', sidebar.withId(cfg.detailUrl, id));
     }
-    if (title) {
-      els.title.textContent = title;
-      document.title = `${title} — chatsite`;
+    if (title) setTitle(title);
+    sidebar.upsert(id, title, { toTop: true, current: true });
+  }
+  function setTitle(title) {
+    els.title.textContent = title;
+    document.title = `${title} — chatsite`;
+  }
+
+  /** After the list was re-rendered (branch switch, another tab's change): follow a reply still running. */
+  function adoptActiveFromList() {
+    const last = $$('.message.assistant', els.list).pop();
+    if (!state.active && last && !FINAL.has(last.dataset.status) && last === lastMessage()) {
+      startActive(last, Number(last.dataset.messageId));
+      socket.send({ type: 'resume', message_id: state.active.id, after_seq: -1 });
     }
-    if (!els.convList) return;
-    let item = $(`.conversation-item[data-conversation-id="${id}"]`, els.convList);
-    if (!item && cfg.firstSidebarPage) {
-      const frag = $('#conversation-item-template').content.cloneNode(true);
-      for (const node of frag.querySelectorAll('[href],[action],[id],[for],[data-conversation-id]')) {
-        for (const attr of ['href', 'action', 'id', 'for', 'data-conversation-id']) {
-          if (node.hasAttribute(attr)) node.setAttribute(attr, withId(node.getAttribute(attr), id));
-        }
-      }
-      item = frag.querySelector('.conversation-item');
-      $('.sidebar-empty', els.convList)?.remove();
-    }
-    if (!item) return;
-    if (title) {
-      $('.conversation-title', item).textContent = title;
-      $('.rename-form input[name="title"]', item).value = title;
-    }
-    if (cfg.firstSidebarPage) els.convList.prepend(item); // newest first
-    $$('.conversation-link[aria-current]', els.convList).forEach((a) => a.removeAttribute('aria-current'));
-    $('.conversation-link', item).setAttribute('aria-current', 'page');
+    refreshControls();
   }
 
   // ---------- Server frames ----------
   const handlers = {
     queued(m) {
       const a = state.active;
-      if (a && m.message_id === a.id) { // position update, or the answer to a resume
-        setQueueStatus(`Queued — #${m.position} in line`, 'queued');
-        return;
-      }
+      if (a && m.message_id === a.id) { setQueueStatus(`Queued — #${m.position} in line`, 'queued'); return; }
       const p = state.pending;
       if (!p) return;
       stopRetry();
@@ -313,11 +225,13 @@
       if (p.userEl) {
         p.userEl.dataset.messageId = m.user_message_id ?? '';
         p.userEl.dataset.status = 'completed';
+        $('.content', p.userEl).dataset.raw = p.text;
+        render.addTools(p.userEl);
       }
-      p.replaces?.remove();
+      (p.hidden || []).forEach((el) => el.remove());
       setConversation(m.conversation_id, m.title);
       const el = addMessage('assistant', m.message_id, 'queued');
-      setOmitted(el, m.omitted_messages);
+      render.setOmitted(el, m.omitted_messages);
       startActive(el, m.message_id);
       setQueueStatus(`Queued — #${m.position} in line`, 'queued');
       if (p.stopRequested) stopActive();
@@ -332,7 +246,7 @@
       const a = state.active;
       if (!a || m.message_id !== a.id || m.seq <= a.lastSeq) return; // not ours, or already seen
       if (m.seq > a.lastSeq + 1) { // a gap: ask for a replay from what we have
-        if (!a.resyncing) sendFrame({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
+        if (!a.resyncing) socket.send({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
         a.resyncing = true;
         return;
       }
@@ -347,13 +261,7 @@
       if (!el) return;
       const stick = nearBottom();
       if (state.active?.id === m.message_id) endActive();
-      finishBubble(el, m.status, m.finish_reason, m.error);
-      renderMarkdown($('.content', el), m.content ?? '', true);
-      const parts = [];
-      if (m.usage?.completion_tokens) parts.push(`${m.usage.completion_tokens} tokens`);
-      if (m.ttft_ms != null) parts.push(`first token ${m.ttft_ms} ms`);
-      if (m.duration_ms != null) parts.push(`${(m.duration_ms / 1000).toFixed(1)} s`);
-      $('.meta', el).textContent = parts.join(' · ');
+      render.finish(el, m);
       if (stick) scrollToBottom();
       refreshControls();
     },
@@ -366,18 +274,29 @@
       const el = messageById(m.message_id);
       if (el?.classList.contains('assistant') && !FINAL.has(el.dataset.status)) { // about a reply in flight
         if (state.active?.id === m.message_id) endActive();
-        finishBubble(el, 'failed', null, m.message);
+        render.finish(el, { status: 'failed', error: m.message });
         refreshControls();
         return;
       }
       if (p && !state.active) {
         abandonPending();
-        showBanner(m.message || 'The message could not be sent.', p.retry);
+        // A message too long for the plan cannot succeed by retrying: no Retry button for it.
+        showBanner(m.message || 'The message could not be sent.', m.code === 'context_too_long' || m.code === 'invalid_request' ? null : p.retry);
         return;
       }
       if (state.active?.stopping) { state.active.stopping = false; refreshControls(); }
       showBanner(m.message || `Error: ${m.code}`);
     },
+    conversation(m) { // tab sync: another tab (or this one) changed a conversation of this user
+      if (m.kind === 'renamed') { sidebar.setTitle(m.conversation_id, m.title); return; }
+      if (m.kind === 'deleted') { sidebar.remove(m.conversation_id); return; }
+      if (m.kind !== 'messages') return;
+      sidebar.upsert(m.conversation_id, m.title, { toTop: true, current: m.conversation_id === state.conversationId });
+      if (m.conversation_id === state.conversationId && !busy()) {
+        branches.reload().then(adoptActiveFromList).catch(() => {});
+      }
+    },
+    session_ended() { setConn('closed'); },
   };
 
   let renderScheduled = false;
@@ -389,124 +308,87 @@
       const a = state.active;
       if (!a) return;
       const stick = nearBottom();
-      renderMarkdown($('.content', a.el), a.text, false);
+      render.markdown($('.content', a.el), a.text, false);
       if (stick) scrollToBottom();
     });
   }
 
-  function stopActive() {
-    const a = state.active;
-    if (!a) return;
-    a.stopping = true; // if the socket is down, `open` sends the stop after the resume
-    sendFrame({ type: 'stop', message_id: a.id });
-    refreshControls();
-  }
-
-  // ---------- Connection ----------
-  function connect() {
-    clearTimeout(state.reconnectTimer);
-    setConn(state.attempts ? 'reconnecting' : 'connecting', state.attempts ? 'Reconnecting…' : 'Connecting…');
-    const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${cfg.wsPath}`);
-    state.ws = ws;
-    ws.addEventListener('open', () => {
-      state.attempts = 0;
-      setConn('open', 'Connected');
+  // ---------- Wiring ----------
+  const socket = new Chat.Socket(cfg.wsPath, {
+    status: setConn,
+    frame: (m) => { if (Object.hasOwn(handlers, m.type)) handlers[m.type](m); },
+    open() {
       const a = state.active;
       if (a) {
         if (a.lastSeq < 0) a.text = ''; // replay from the start replaces what the page showed
         a.resyncing = false;
-        sendFrame({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
-        if (a.stopping) sendFrame({ type: 'stop', message_id: a.id });
+        socket.send({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
+        if (a.stopping) socket.send({ type: 'stop', message_id: a.id });
       }
       if (state.pending && !state.retryTimer) transmit();
-    });
-    ws.addEventListener('message', (ev) => {
-      let m;
-      try { m = JSON.parse(ev.data); } catch { return; }
-      if (m && Object.hasOwn(handlers, m.type)) handlers[m.type](m);
-    });
-    ws.addEventListener('close', (ev) => {
-      if (state.ws !== ws) return;
-      state.ws = null;
+    },
+    close() {
       const p = state.pending;
       if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
         abandonPending();
         showBanner('The connection dropped before the server confirmed your message. '
           + 'Reload the page to see whether it arrived, or retry.', p.retry);
       }
-      if (ev.code === 4401 || ev.code === 4403) { setConn('closed', 'Signed out — reload the page'); return; }
-      const delay = Math.min(15, 2 ** state.attempts);
-      state.attempts += 1;
-      setConn('reconnecting', 'Reconnecting…');
-      state.reconnectTimer = setTimeout(connect, delay * 1000);
-    });
-  }
-  window.addEventListener('online', () => { if (!state.ws) { state.attempts = Math.max(state.attempts, 1); connect(); } });
-
-  // ---------- Composer ----------
-  function autosize() {
-    els.composer.style.height = 'auto';
-    els.composer.style.height = `${Math.min(els.composer.scrollHeight, 240)}px`;
-    const n = els.composer.value.length;
-    els.counter.hidden = !cfg.maxChars || n < cfg.maxChars * 0.8;
-    els.counter.textContent = `${n} / ${cfg.maxChars}`;
-  }
-
-  function submitComposer() {
-    const text = els.composer.value;
-    if (!text.trim() || state.active || state.pending) return;
-    if (cfg.maxChars && text.length > cfg.maxChars) {
-      showBanner(`The message is too long (at most ${cfg.maxChars} characters).`);
-      return;
-    }
-    els.composer.value = '';
-    autosize();
-    sendText(text);
-  }
-
-  els.form.addEventListener('submit', (e) => { e.preventDefault(); submitComposer(); });
-  els.composer.addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); submitComposer(); }
+    },
   });
-  els.composer.addEventListener('input', autosize);
+  const sidebar = Chat.sidebar.init({
+    app, list: $('#conversation-list'), toggle: $('#sidebar-toggle'),
+    firstPage: (app.dataset.sidebarPage || '1') === '1',
+    currentId: () => state.conversationId,
+    onCurrentRenamed: setTitle,
+    onCurrentDeleted: () => {
+      showBanner('This conversation was deleted.');
+      window.location.assign(app.dataset.newUrl);
+    },
+  });
+  const composer = Chat.composer.init({
+    form: $('#composer-form'), textarea: $('#composer'), counter: $('#char-count'), maxChars: cfg.maxChars,
+    editNote: $('#edit-note'), editCancel: $('#edit-cancel'),
+    onSubmit: (text, editId) => sendText(text, editId),
+  });
+  const branches = Chat.branches.init({
+    list: els.list,
+    urls: { messages: app.dataset.messagesUrl, branch: app.dataset.branchUrl },
+    csrf, conversationId: () => state.conversationId, busy,
+    onReplaced: adoptActiveFromList,
+  });
+
   els.stop.addEventListener('click', () => {
     const p = state.pending;
     if (p && (state.retryTimer || !p.transmitted)) { abandonPending(); return; } // cancel a retry
     if (p) { p.stopRequested = true; setQueueStatus('Stopping…', 'sending'); return; }
     stopActive();
   });
+  els.queueCancel.addEventListener('click', () => { abandonPending(); composer.focus(); });
   els.list.addEventListener('click', (e) => {
-    const copy = e.target.closest('.copy-button');
-    if (copy) copyCode(copy);
-    else if (e.target.closest('.regenerate-button')) regenerate();
+    const t = e.target;
+    const msg = t.closest('.message');
+    if (t.closest('.copy-button')) render.copyText(t.closest('pre')?.querySelector('code')?.textContent ?? '', t);
+    else if (t.closest('.copy-message')) render.copyText($('.content', msg).dataset.raw ?? $('.content', msg).textContent, t);
+    else if (t.closest('.edit-message')) {
+      if (busy()) { showBanner('Wait for the reply to finish (or stop it) before editing.'); return; }
+      composer.startEdit(msg.dataset.messageId, $('.content', msg).dataset.raw ?? $('.content', msg).textContent);
+    } else if (t.closest('.regenerate-button')) regenerate();
+    else if (t.closest('.continue-button')) continueReply();
   });
   $('.banner-dismiss', els.banner).addEventListener('click', hideBanner);
 
-  // Sidebar: confirm deletes; toggle on narrow screens.
-  document.addEventListener('submit', (e) => {
-    const msg = e.target.dataset?.confirm;
-    if (msg && !window.confirm(msg)) e.preventDefault();
-  });
-  const setSidebar = (open) => {
-    app.classList.toggle('sidebar-open', open);
-    els.toggle.setAttribute('aria-expanded', String(open));
-  };
-  els.toggle.addEventListener('click', () => setSidebar(!app.classList.contains('sidebar-open')));
-  $('[data-close-sidebar]', app)?.addEventListener('click', () => setSidebar(false));
-  document.addEventListener('keydown', (e) => { if (e.key === 'Escape') setSidebar(false); });
-
   // ---------- Start ----------
-  for (const el of $$('.message.assistant', els.list)) {
-    const content = $('.content', el);
-    renderMarkdown(content, content.textContent, FINAL.has(el.dataset.status));
-  }
+  render.hydrate(els.list);
   const last = $$('.message.assistant', els.list).pop();
-  if (last && (last.dataset.status === 'queued' || last.dataset.status === 'streaming')) {
+  if (last && !FINAL.has(last.dataset.status)) {
     startActive(last, Number(last.dataset.messageId)); // resumed from seq -1 once connected
     if (last.dataset.status === 'queued') setQueueStatus('Queued — waiting for a place in line', 'queued');
   }
-  autosize();
-  scrollToBottom();
+  const focused = app.dataset.focusMessageId && messageById(app.dataset.focusMessageId);
+  if (focused) { focused.scrollIntoView({ block: 'center' }); focused.tabIndex = -1; } else scrollToBottom();
   refreshControls();
-  connect();
+  composer.focus();
+  socket.connect();
+  window.chatReady = performance.now(); // the browser test's "interactive" mark
 })();

@@ -155,19 +155,16 @@ def test_history_excludes_empty_replies_and_later_messages(alice, redis_clean):
     assert turns == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
 
 
-def test_regenerate_replaces_last_reply(alice, redis_clean):
+def test_regenerate_keeps_the_last_reply_as_a_sibling(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     message = generations.generation_start(message_id=ticket.message.id)
     generations.generation_finish(message=message, status="completed", text="old", finish_reason="stop")
     new = generations.reply_regenerate(user=alice, conversation_id=message.conversation_id)
-    assert not Message.objects.filter(pk=message.pk).exists()
+    old = Message.objects.get(pk=message.pk)
+    assert old.content == "old"
     assert new.message.status == "queued" and new.user_message_id is None
-    assert list(
-        Message.objects.filter(conversation_id=message.conversation_id).values_list("role", flat=True)
-    ) == [
-        "user",
-        "assistant",
-    ]
+    assert new.message.parent_id == old.parent_id == ticket.user_message_id
+    assert Message.objects.get(pk=ticket.user_message_id).active_child_id == new.message.id
 
 
 def test_regenerate_answers_a_user_message_left_without_reply(alice, redis_clean):
