@@ -1,10 +1,19 @@
 from django.contrib import admin
+from django.contrib.staticfiles.storage import staticfiles_storage
+from django.http import HttpResponsePermanentRedirect
 from django.urls import include, path
 
 from conversations.share_views import share_view
 from conversations.views import home
 
+
+def favicon(request):
+    """``/favicon.ico`` for browsers that ask before reading the page's ``<link rel=icon>``."""
+    return HttpResponsePermanentRedirect(staticfiles_storage.url("favicon.svg"))
+
+
 urlpatterns = [
+    path("favicon.ico", favicon),
     path("", home, name="home"),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("conversations.urls")),
