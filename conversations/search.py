@@ -50,9 +50,10 @@ def search_for_user(*, user, query: str, limit: int = 50) -> list[SearchHit]:
         Conversation.objects.filter(owner=user)
         .annotate(match=SearchVector("title", config=CONFIG))
         .filter(match=ts_query)
+        .annotate(headline=SearchHeadline("title", ts_query, config=CONFIG, start_sel=_START, stop_sel=_STOP))
         .order_by("-updated_at")[:limit]
     )
-    hits = [SearchHit(c.id, c.title, None, "", _highlight(_START + c.title + _STOP)) for c in titles]
+    hits = [SearchHit(c.id, c.title, None, "", _highlight(c.headline)) for c in titles]
     vector = SearchVector("content", config=CONFIG)
     messages = (
         Message.objects.filter(conversation__owner=user)
