@@ -22,22 +22,44 @@ from conversations.models import Conversation, Message
 #: Messages shown when a conversation opens; older ones load on scroll (``before`` pages).
 PATH_PAGE_SIZE = 60
 
-_PATH_SQL = """
+_WALK_UP = """
 WITH RECURSIVE path(id, parent_id, depth) AS (
     SELECT id, parent_id, 0 FROM conversations_message WHERE id = %(start)s AND conversation_id = %(conv)s
     UNION ALL
     SELECT m.id, m.parent_id, p.depth + 1
     FROM conversations_message m JOIN path p ON m.id = p.parent_id
     WHERE p.depth + 1 < %(limit)s
+)"""
+
+# Siblings come from one grouped pass over the children of the path's parents (a hash join), not a
+# subquery per row; roots (no parent) are each other's siblings.
+_PATH_SQL = (
+    _WALK_UP
+    + """,
+sib AS (
+    SELECT s.parent_id, array_agg(s.id ORDER BY s.id) AS ids
+    FROM conversations_message s
+    WHERE s.conversation_id = %(conv)s AND s.parent_id IN (SELECT parent_id FROM path)
+    GROUP BY s.parent_id
+),
+roots AS (
+    SELECT array_agg(id ORDER BY id) AS ids FROM conversations_message
+    WHERE conversation_id = %(conv)s AND parent_id IS NULL
 )
-SELECT m.*, path.depth AS path_depth,
-       ARRAY(SELECT s.id FROM conversations_message s
-             WHERE s.conversation_id = m.conversation_id
-               AND (s.parent_id = m.parent_id OR (m.parent_id IS NULL AND s.parent_id IS NULL))
-             ORDER BY s.id) AS sibling_ids
+SELECT m.*, path.depth AS path_depth, COALESCE(sib.ids, roots.ids) AS sibling_ids
 FROM path JOIN conversations_message m ON m.id = path.id
+LEFT JOIN sib ON sib.parent_id = m.parent_id
+CROSS JOIN roots
 ORDER BY path.depth DESC
 """
+)
+
+_ANCESTORS_SQL = (
+    _WALK_UP
+    + """
+SELECT m.* FROM path JOIN conversations_message m ON m.id = path.id ORDER BY path.depth DESC
+"""
+)
 
 _DESCEND_SQL = """
 WITH RECURSIVE down(id, active_child_id, depth) AS (
@@ -92,7 +114,7 @@ def ancestors(*, message: Message) -> list[Message]:
     if message.parent_id is None:
         return []
     params = {"start": message.parent_id, "conv": message.conversation_id, "limit": 2**31 - 1}
-    return list(Message.objects.raw(_PATH_SQL, params))
+    return list(Message.objects.raw(_ANCESTORS_SQL, params))
 
 
 def branch_switch(*, conversation: Conversation, message: Message) -> Message:
