@@ -39,7 +39,7 @@ def chromium():
 
 
 @pytest.fixture
-def open_page(chromium, live_server_url, redis_clean):
+def open_page(chromium, live_server_url, redis_clean):  # noqa: F811
     """``open_page(user=None, viewport=None, color_scheme=None)`` -> a Playwright page in a new context,
     logged in as ``user`` when given."""
     from django.conf import settings
