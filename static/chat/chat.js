@@ -233,6 +233,8 @@
       const el = addMessage('assistant', m.message_id, 'queued');
       render.setOmitted(el, m.omitted_messages);
       startActive(el, m.message_id);
+      // A new branch (edit, regenerate): once it is done, re-read the branch for its "‹ n/m ›" switchers.
+      state.active.reloadOnDone = p.frame.type === 'edit' || p.frame.type === 'regenerate';
       setQueueStatus(`Queued — #${m.position} in line`, 'queued');
       if (p.stopRequested) stopActive();
       refreshControls();
@@ -260,10 +262,12 @@
       const el = messageById(m.message_id);
       if (!el) return;
       const stick = nearBottom();
+      const reload = state.active?.id === m.message_id && state.active.reloadOnDone;
       if (state.active?.id === m.message_id) endActive();
       render.finish(el, m);
       if (stick) scrollToBottom();
       refreshControls();
+      if (reload) branches.reload().then(adoptActiveFromList).then(scrollToBottom).catch(() => {});
     },
     error(m) {
       const p = state.pending;
