@@ -14,6 +14,7 @@ db: install
 
 run: db
 	$(VENV)/python manage.py prepare_model
+	$(VENV)/python manage.py collectstatic --noinput -v0
 	$(VENV)/honcho start -f Procfile
 
 lint: install

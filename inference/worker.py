@@ -200,4 +200,6 @@ def get_host(*, queues: list[str] | None = None) -> WorkerHost:
             engine = LLMEngine.from_spec(spec, engine_config(), settings.MODEL_CACHE_DIR)
             _host = WorkerHost(engine, model_name=spec.name, queues=queues or []).start()
             logger.info("engine ready in %.1f s", time.monotonic() - started)
+            # For `make run`: the last start-up line a newcomer needs.
+            logger.info("chatsite is ready: open %s in your browser", settings.SITE_URL)
         return _host

@@ -144,17 +144,21 @@ ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
 
-# --- Chat page round 2 (issue 12): imports, e-mail for password resets ---
+# --- Chat page round 2 (issue 12): site address, imports, e-mail for password resets ---
+# Where `make run` tells people to open the site (the worker logs it once its engine is ready).
+SITE_URL = (
+    env("SITE_URL", default="")
+    or f"http://{env('WEB_HOST', default='') or '127.0.0.1'}:{env('WEB_PORT', default='') or '8000'}/"
+)
 IMPORT_MAX_BYTES = env.int("IMPORT_MAX_BYTES", default=20 * 1024 * 1024)
 IMPORT_MAX_MESSAGES = env.int("IMPORT_MAX_MESSAGES", default=50_000)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, IMPORT_MAX_BYTES + 65_536)
 # Password-reset mail: printed to the console unless an SMTP host is configured.
 EMAIL_HOST = env("EMAIL_HOST", default="")
-EMAIL_BACKEND = env(
-    "EMAIL_BACKEND",
-    default="django.core.mail.backends.smtp.EmailBackend"
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="") or (
+    "django.core.mail.backends.smtp.EmailBackend"
     if EMAIL_HOST
-    else "django.core.mail.backends.console.EmailBackend",
+    else "django.core.mail.backends.console.EmailBackend"
 )
 EMAIL_PORT = env.int("EMAIL_PORT", default=587)
 EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
@@ -165,7 +169,8 @@ DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="chatsite <noreply@localh
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"quiet_startup": {"()": "chatsite.logfilters.QuietStartup"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["quiet_startup"]}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
