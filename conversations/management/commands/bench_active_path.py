@@ -86,11 +86,19 @@ class Command(BaseCommand):
         page = self._time(
             lambda: branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE), rounds
         )
+        params = {"start": conversation.active_leaf_id, "conv": conversation.pk, "limit": 2**31 - 1}
+
+        def sql_only():
+            with connection.cursor() as cursor:
+                cursor.execute(branches._PATH_SQL, params)
+                cursor.fetchall()
+
+        sql = self._time(sql_only, rounds)
         count = len(branches.active_path(conversation=conversation).messages)
+        self.stdout.write(f"active path, whole branch, SQL only (rows fetched, no model objects): {sql}")
         self.stdout.write(f"active path, whole branch ({count} messages, with siblings): {full}")
         self.stdout.write(f"active path, first page ({branches.PATH_PAGE_SIZE} messages): {page}")
         with connection.cursor() as cursor:
-            params = {"start": conversation.active_leaf_id, "conv": conversation.pk, "limit": 2**31 - 1}
             cursor.execute("EXPLAIN " + branches._PATH_SQL, params)
             plan = "\n".join(r[0] for r in cursor.fetchall())
         used = sorted({w.strip(",") for w in plan.split() if w.endswith("_idx") or w.endswith("_pkey")})
