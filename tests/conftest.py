@@ -2,6 +2,11 @@
 
 import pytest
 
+# The live-stack fixtures are defined once for the whole session: imported into both the integration and
+# the browser conftest, the session-scoped worker would start twice under one name, and RabbitMQ refuses
+# the second one's exclusive pidbox queue (RESOURCE_LOCKED).
+from tests.live_stack import celery_worker, live_server_url, prepared_model, worker_factory  # noqa: F401
+
 
 @pytest.fixture
 def make_user(db, django_user_model):

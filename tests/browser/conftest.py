@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_stack import celery_worker, live_server_url, prepared_model, worker_factory  # noqa: F401
-
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 AXE_JS = Path(__file__).parent / "vendor" / "axe.min.js"
 PHONE = {"width": 390, "height": 844}
@@ -39,7 +37,7 @@ def chromium():
 
 
 @pytest.fixture
-def open_page(chromium, live_server_url, redis_clean):  # noqa: F811
+def open_page(chromium, live_server_url, redis_clean):
     """``open_page(user=None, viewport=None, color_scheme=None)`` -> a Playwright page in a new context,
     logged in as ``user`` when given."""
     from django.conf import settings

@@ -1,1 +1,1 @@
-from tests.live_stack import celery_worker, prepared_model, worker_factory  # noqa: F401
+"""Integration-layer fixtures: the live-stack ones come from tests/conftest.py (once per session)."""
