@@ -2,7 +2,6 @@
 with the real default model, PostgreSQL and Redis."""
 
 import re
-import shutil
 
 import pytest
 
@@ -11,35 +10,20 @@ from conversations.models import Message
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LONG_PROMPT = (
     "Write a very long, detailed story about a dragon who learns to bake bread. Use many paragraphs."
 )
 
 
 @pytest.fixture
-def page(live_server_url, celery_worker, redis_clean, monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in the test thread; the test's own ORM calls are plain
-    # blocking queries between browser steps, so Django's async-safety guard does not apply to them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        page = browser.new_page(base_url=live_server_url)
-        page.set_default_timeout(60_000)
-        yield page
-        browser.close()
+def page(chromium, live_server_url, celery_worker, redis_clean):
+    # The session's one Chromium (tests/browser/conftest.py): a second sync Playwright in the same thread
+    # is refused.
+    context = chromium.new_context(base_url=live_server_url)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    yield page
+    context.close()
 
 
 def last_assistant(page):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from billing.models import Tier
 from conversations import sharing
 from conversations.models import Conversation, Message, SharedLink
 from tests.browser.conftest import PHONE, axe_violations
@@ -261,3 +262,26 @@ def test_axe_finds_no_serious_violations_on_login_chat_search_and_share(open_pag
     page.goto("/chat/search/?q=check")
     found["search"] = axe_violations(page)
     assert found == {"login": [], "share": [], "chat": [], "search": []}
+
+
+def test_rate_limited_message_counts_down_and_cancel_keeps_the_text(open_page, alice):
+    from django_ratelimit.core import get_usage
+
+    Tier.objects.filter(name="free").update(requests_per_minute=1)
+    page = open_page(alice)
+    page.goto("/chat/")
+    page.locator("#connection-status[data-state=open]").wait_for()
+    # This minute's one request is used up (as by a message just sent), so the next send is refused.
+    get_usage(None, group="generation", key=lambda g, r: f"user:{alice.pk}", rate="1/m", increment=True)
+    page.fill("#composer", "Two")
+    page.press("#composer", "Enter")
+    page.wait_for_function(
+        "() => /retrying in \\d+ s/.test(document.querySelector('#queue-status').textContent)"
+    )
+    assert page.locator("#queue-status").get_attribute("aria-live") == "polite"
+    assert page.input_value("#composer") == ""  # the text is in the pending bubble, not sent twice
+    assert page.locator(".message.user").last.inner_text().endswith("Two")
+    page.click(".queue-cancel")
+    assert page.input_value("#composer") == "Two"
+    assert page.locator(".message.user").count() == 0
+    assert Message.objects.count() == 0
