@@ -1,4 +1,4 @@
-"""Browser-layer fixtures: one Chromium per session (Debian's, driven by Playwright), a fresh context per
+"""Browser-layer fixtures: one Chromium for this package's tests (Debian's, driven by Playwright), a fresh context per
 test, log-in by session cookie, axe-core injected from the vendored file (no network at test time)."""
 
 import os
@@ -12,8 +12,10 @@ AXE_JS = Path(__file__).parent / "vendor" / "axe.min.js"
 PHONE = {"width": 390, "height": 844}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium():
+    """Package-scoped: sync Playwright keeps an event loop running in the test thread while it lives, which
+    would stop pytest-asyncio's tests (tests/integration) collected after this package."""
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an event loop in the test thread; the tests' own ORM calls are plain
