@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 
 logger = logging.getLogger(__name__)
@@ -57,3 +58,13 @@ def release_calling_thread_openmp_pool() -> bool:
     except Exception:  # best effort only: a performance tweak must never break the engine
         logger.debug("omp_pause_resource_all failed", exc_info=True)
         return False
+
+
+def default_num_threads() -> int:
+    """Intra-op threads for the engine when ``EngineConfig.num_threads`` is ``None``: the number of CPUs
+    this process may run on (``os.sched_getaffinity``, which honours ``taskset``/cgroup cpusets), not
+    torch's default (physical cores of the whole machine)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
