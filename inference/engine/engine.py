@@ -367,7 +367,7 @@ class LLMEngine:
     def remove_step_listener(self, fn: Callable[[StepStats], None]) -> None:
         """Undo :meth:`add_step_listener` (no error if ``fn`` was not added)."""
         with self._cond:
-            self._step_listeners = [f for f in self._step_listeners if f is not fn]
+            self._step_listeners = [f for f in self._step_listeners if f != fn]
 
     def queue_position(self, request_id: str) -> int | None:
         """0-based position among waiting requests in admission order; ``None`` if not waiting."""
