@@ -55,7 +55,7 @@ from .runner import ModelRunner
 from .sampling import SamplerState, SamplingParams, sample_next_tokens
 from .scheduler import ScheduledStep, Scheduler
 from .step_stats import StepStats
-from .threads import default_num_threads, release_calling_thread_openmp_pool
+from .threads import AdaptiveThreads, default_num_threads, release_calling_thread_openmp_pool
 
 logger = logging.getLogger(__name__)
 
@@ -429,6 +429,7 @@ class LLMEngine:
                 num_prefix_cache_hit_tokens=step.prefix_hit_tokens,
                 kv_used_tokens=self.kv.used_tokens,
                 kv_total_tokens=self.kv.budget_tokens,
+                num_threads=self.num_threads,
             )
             listeners = self._step_listeners
         for fn in listeners:
@@ -574,6 +575,9 @@ class LLMEngine:
     def _loop(self, num_threads: int) -> None:
         # OpenMP thread counts are per thread: apply the configured count to this one.
         torch.set_num_threads(num_threads)
+        adaptive = None
+        if self.config.num_threads is None and self.loaded.device.type == "cpu" and num_threads > 1:
+            adaptive = AdaptiveThreads(num_threads)  # see threads.py: follow CPU contention
         try:
             while True:
                 with self._cond:
@@ -586,6 +590,12 @@ class LLMEngine:
                 except Exception:  # step() already isolates request failures; be defensive
                     logger.exception("engine loop iteration failed")
                     time.sleep(0.01)
+                if adaptive is not None:
+                    threads = adaptive.poll()
+                    if threads is not None:
+                        torch.set_num_threads(threads)
+                        self.num_threads = threads
+                        logger.info("CPU contention: engine now uses %d intra-op thread(s)", threads)
         finally:
             self._abort_all()
 

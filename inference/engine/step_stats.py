@@ -29,6 +29,8 @@ class StepStats:
         kv_total_tokens: KV token budget.
         num_preemptions: Requests preempted in this step (always 0: this engine reserves a
             request's whole KV at admission and never preempts).
+        num_threads: Intra-op CPU threads the engine used (adapts to contention, see
+            :class:`~inference.engine.threads.AdaptiveThreads`).
     """
 
     started_at: float
@@ -44,3 +46,4 @@ class StepStats:
     kv_used_tokens: int
     kv_total_tokens: int
     num_preemptions: int = 0
+    num_threads: int = 0
