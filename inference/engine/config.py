@@ -79,7 +79,10 @@ class EngineConfig:
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
         num_threads: ``torch.set_num_threads`` value for CPU inference; ``None`` picks
             :func:`~inference.engine.threads.default_num_threads` (the CPUs this process may run
-            on, see there for why not torch's default).
+            on, see there for why not torch's default). With ``adaptive_threads`` it is the maximum.
+        adaptive_threads: Let the loop thread lower the thread count while other processes keep
+            our CPUs busy, and raise it again when they stop
+            (:class:`~inference.engine.threads.AdaptiveThreads`; only with ``start()``).
         priority_ageing_s: Priority ageing (anti-starvation): a waiting request's effective
             priority is ``priority + waited_s / priority_ageing_s``. So a request of priority
             ``p`` that has waited longer than ``(q - p) * priority_ageing_s`` seconds outranks
@@ -99,6 +102,7 @@ class EngineConfig:
     max_waiting: int = 256
     device: Device = "auto"
     num_threads: int | None = None
+    adaptive_threads: bool = True
     priority_ageing_s: float | None = 5.0
     prefix_cache_tokens: int = 8192
     prefix_cache_block_size: int = 16

@@ -576,7 +576,7 @@ class LLMEngine:
         # OpenMP thread counts are per thread: apply the configured count to this one.
         torch.set_num_threads(num_threads)
         adaptive = None
-        if self.config.num_threads is None and self.loaded.device.type == "cpu" and num_threads > 1:
+        if self.config.adaptive_threads and self.loaded.device.type == "cpu" and num_threads > 1:
             adaptive = AdaptiveThreads(num_threads)  # see threads.py: follow CPU contention
         try:
             while True:

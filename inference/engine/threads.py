@@ -120,7 +120,7 @@ class CpuShareMonitor:
 
 
 class AdaptiveThreads:
-    """Intra-op thread count that follows CPU contention (used when ``EngineConfig.num_threads`` is ``None``).
+    """Intra-op thread count that follows CPU contention (``EngineConfig.adaptive_threads``, the default).
 
     Why: torch's CPU kernels run ~200 OpenMP parallel regions per decode step, each ending in a barrier.
     With as many threads as cores and another process busy on one of them, every barrier waits for the
