@@ -199,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seqs", type=int, default=32)
     p.add_argument("--max-batch-tokens", type=int, default=512)
     args = p.parse_args(argv)
-    out = sys.stdout
-    sys.stdout = sys.stderr  # libraries' prints must not corrupt the protocol
+    # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
+    # libraries and of child processes (vLLM's engine core) cannot corrupt it.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     started = time.perf_counter()
     cls = OursBackend if args.system == "ours" else VllmBackend
     backend = cls(args.model, args.threads, args.max_seqs, args.max_batch_tokens)
