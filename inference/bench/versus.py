@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,7 +55,14 @@ class Server:
         self.log = open(os.path.join(ROOT, "bench-results", f"serve-{system}.log"), "w")  # noqa: SIM115
         t = time.perf_counter()
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            start_new_session=True,  # its own process group: close() can end vLLM's engine-core children too
         )
         hello = self._read()
         self.startup_s = hello.get("startup_s", round(time.perf_counter() - t, 1))
@@ -75,7 +83,11 @@ class Server:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
         except Exception:
-            self.proc.kill()
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever is left of the group (engine-core processes)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.log.close()
 
 
@@ -148,8 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         args.mixed_n,
         args.seed,
     )
+    servers: dict[str, Server] = {}
+    try:
+        return _run(args, systems, conditions, wls, model_dir, servers, out_path)
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
     threads = args.threads or None
-    servers = {}
     for s in systems:
         python = VLLM_PYTHON if s == "vllm" else sys.executable
         if s == "vllm" and not os.path.exists(python):
@@ -162,44 +182,37 @@ def main(argv: list[str] | None = None) -> int:
         server.run(warm.to_dict())
 
     cells: list[dict] = []
-    try:
-        for rnd in range(args.rounds):
-            for wname, wl in wls.items():
-                for cond in conditions:
-                    for s, server in servers.items():
-                        neighbour = None
-                        if cond == "busy":
-                            neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                            time.sleep(0.5)
-                        try:
-                            reply = server.run(wl.to_dict())
-                        finally:
-                            if neighbour is not None:
-                                neighbour.kill()
-                                neighbour.wait()
-                        cell = {"round": rnd, "system": s, "workload": wname, "condition": cond}
-                        if "error" in reply:
-                            cell["error"] = reply["error"]
-                        else:
-                            cell["summary"] = summarize(_records(reply, wl))
-                            cell["peak_rss_mb"] = reply["peak_rss_mb"]
-                            cell["token_ids"] = {r["rid"]: r["token_ids"] for r in reply["records"]}
-                            cell.update(
-                                {k: v for k, v in reply.items() if k not in ("records", "peak_rss_mb")}
-                            )
-                        cells.append(cell)
-                        sm = cell.get("summary", {})
-                        print(
-                            f"# round {rnd} {s:5s} {wname:9s} {cond:5s} "
-                            f"{sm.get('output_tok_s')} tok/s TTFT p99 {sm.get('ttft_ms_p99')} ms "
-                            f"RSS {cell.get('peak_rss_mb')} MB {cell.get('error', '')}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-    finally:
-        for server in servers.values():
-            server.close()
-
+    for rnd in range(args.rounds):
+        for wname, wl in wls.items():
+            for cond in conditions:
+                for s, server in servers.items():
+                    neighbour = None
+                    if cond == "busy":
+                        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                        time.sleep(0.5)
+                    try:
+                        reply = server.run(wl.to_dict())
+                    finally:
+                        if neighbour is not None:
+                            neighbour.kill()
+                            neighbour.wait()
+                    cell = {"round": rnd, "system": s, "workload": wname, "condition": cond}
+                    if "error" in reply:
+                        cell["error"] = reply["error"]
+                    else:
+                        cell["summary"] = summarize(_records(reply, wl))
+                        cell["peak_rss_mb"] = reply["peak_rss_mb"]
+                        cell["token_ids"] = {r["rid"]: r["token_ids"] for r in reply["records"]}
+                        cell.update({k: v for k, v in reply.items() if k not in ("records", "peak_rss_mb")})
+                    cells.append(cell)
+                    sm = cell.get("summary", {})
+                    print(
+                        f"# round {rnd} {s:5s} {wname:9s} {cond:5s} "
+                        f"{sm.get('output_tok_s')} tok/s TTFT p99 {sm.get('ttft_ms_p99')} ms "
+                        f"RSS {cell.get('peak_rss_mb')} MB {cell.get('error', '')}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     print(report(cells, systems, list(wls), conditions, args.rounds))
     with open(out_path, "w") as f:
         json.dump(
