@@ -181,3 +181,14 @@ def test_cache_salt_must_be_a_string(make_engine, tokenizer):
 
     with pytest.raises(InvalidRequest, match="cache_salt"):
         make_engine().submit(_prompt(tokenizer), SamplingParams(), cache_salt=42)
+
+
+def test_penalties_work_on_a_float32_model(make_engine, tokenizer):
+    # Regression: fp32 logits come out of inference mode and used to fail the in-place penalty update.
+    engine = make_engine()
+    handle = engine.submit(
+        _prompt(tokenizer), SamplingParams(temperature=0.7, repetition_penalty=1.1, max_new_tokens=4)
+    )
+    engine.run_until_idle()
+    finish = handle.result(timeout=5)
+    assert finish.finish_reason in ("length", "stop") and finish.error is None
