@@ -181,11 +181,14 @@ def publish(message_id: int, frame: dict[str, Any]) -> None:
     _group_send(message_id, frame)
 
 
-def publish_to_user(user_id: int, frame: dict[str, Any]) -> None:
+def publish_to_user(user_id: int, frame: dict[str, Any], *, session: str = "") -> None:
     """Send ``frame`` to every open socket of ``user_id`` (sync callers). A frame of type ``session_ended``
-    closes those sockets (the consumer closes with 4401 after forwarding it)."""
+    closes those sockets (4401, after forwarding it). ``session`` narrows that: an
+    ``accounts.sessions.session_fingerprint`` closes that session's sockets and those whose session is no
+    longer valid; ``"verify"`` only those whose session is no longer valid."""
     layer = get_channel_layer()
-    _layer_loop.run(layer.group_send(user_group(user_id), {"type": "user.event", "frame": frame}))
+    event = {"type": "user.event", "frame": frame, "session": session}
+    _layer_loop.run(layer.group_send(user_group(user_id), event))
 
 
 def publish_to_user_on_commit(user_id: int, frame: dict[str, Any]) -> None:

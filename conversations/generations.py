@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.services import usage_record_create
@@ -43,6 +43,8 @@ class ReplyTicket:
     message: Message
     user_message_id: int | None
     position: int
+    #: True when a resent ``send`` (same ``client_id``) found the ticket stored by the first one.
+    duplicate: bool = False
 
 
 def queue_position(*, message: Message) -> int:
@@ -78,9 +80,32 @@ def _queue_reply(*, conversation: Conversation) -> Message:
     return message
 
 
-def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTicket:
+def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
+    user_message = (
+        Message.objects.filter(conversation__owner=user, role=Message.Role.USER, client_id=client_id)
+        .select_related("conversation")
+        .first()
+    )
+    if user_message is None:
+        return None
+    assistant = (
+        user_message.conversation.messages.filter(role=Message.Role.ASSISTANT, id__gt=user_message.id)
+        .order_by("id")
+        .first()
+    )
+    if assistant is None:  # its reply was deleted since; the page already moved on
+        raise GenerationError("invalid_request", "This message was already sent.")
+    position = queue_position(message=assistant) if assistant.status == Message.Status.QUEUED else 0
+    return ReplyTicket(message=assistant, user_message_id=user_message.id, position=position, duplicate=True)
+
+
+def reply_request(*, user, conversation_id: int | None, content: str, client_id=None) -> ReplyTicket:
     """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
     task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
+
+    ``client_id`` (a UUID chosen by the page, the idempotency key): when a user message with that key is
+    already stored, nothing new is stored and its ticket comes back with ``duplicate=True``; the unique
+    constraints settle two resends racing each other.
 
     Raises ``GenerationError("invalid_request")`` for empty/too long content, ``ConversationNotFound``,
     ``AdmissionRefused`` (nothing stored in either case).
@@ -92,14 +117,28 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
         raise GenerationError(
             "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
         )
-    with transaction.atomic():
-        if conversation_id is None:
-            conversation = conversation_create(owner=user, title=title_from_content(content))
-        else:
-            conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        admission_check(user=user)
-        user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
-        assistant = _queue_reply(conversation=conversation)
+    if client_id is not None:
+        existing = _ticket_for_client_id(user=user, client_id=client_id)
+        if existing is not None:
+            return existing
+    try:
+        with transaction.atomic():
+            if conversation_id is None:
+                conversation = conversation_create(
+                    owner=user, title=title_from_content(content), client_id=client_id
+                )
+            else:
+                conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+            admission_check(user=user)
+            user_message = message_create(
+                conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
+            )
+            assistant = _queue_reply(conversation=conversation)
+    except IntegrityError:
+        existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
+        if existing is None:
+            raise
+        return existing
     return ReplyTicket(
         message=assistant, user_message_id=user_message.id, position=queue_position(message=assistant)
     )
