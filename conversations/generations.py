@@ -297,3 +297,38 @@ def generations_reap_interrupted(
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
                 reaped.append(message_id)
     return reaped
+
+
+def generations_redispatch_queued(*, after_s: float | None = None, limit: int = 500) -> list[int]:
+    """Dispatch again every ``queued`` reply that no broker message may deliver: one whose last dispatch
+    (``updated_at``) is at least ``after_s`` seconds (default ``settings.QUEUED_REDISPATCH_S``) and at
+    least half its age ago, so a reply waiting in a long queue is re-sent ever more rarely (O(log wait)
+    copies) while one lost with a dying worker is re-sent within ``after_s`` seconds.
+
+    At-least-once delivery made safe: a duplicate task finds the reply no longer ``queued`` and skips it,
+    since only one ``queued -> streaming`` claim (:func:`generation_start`) can succeed. Several reapers
+    (one per worker) may run at once; the conditional UPDATE of ``updated_at`` lets one of them win each
+    round. Returns the ids re-dispatched, oldest first."""
+    after_s = settings.QUEUED_REDISPATCH_S if after_s is None else after_s
+    now = timezone.now()
+    candidates = (
+        Message.objects.filter(
+            role=Message.Role.ASSISTANT,
+            status=Message.Status.QUEUED,
+            updated_at__lte=now - timedelta(seconds=after_s),
+        )
+        .order_by("id")
+        .values_list("id", "created_at", "updated_at")[:limit]
+    )
+    redispatched = []
+    for message_id, created_at, updated_at in candidates:
+        if now - updated_at < (now - created_at) / 2:
+            continue
+        with transaction.atomic():
+            if not Message.objects.filter(
+                pk=message_id, status=Message.Status.QUEUED, updated_at=updated_at
+            ).update(updated_at=now):
+                continue  # claimed, stopped, or re-dispatched by another reaper meanwhile
+            _dispatch(Message.objects.select_related("conversation__owner__tier").get(pk=message_id))
+        redispatched.append(message_id)
+    return redispatched

@@ -7,7 +7,8 @@ host runs three small daemon threads:
 * a **cancel listener** (Redis pub/sub on ``broadcast.CANCEL_CHANNEL``) that cancels a local request the
   moment a user presses Stop, so its slot and KV cache are freed at the next engine step;
 * a **lease heartbeat** that keeps ``broadcast.lease_key(id)`` alive for every reply this process owns;
-* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted``;
+* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted`` and
+  re-dispatches queued replies no broker message may deliver;
 * a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``).
 """
 
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from conversations import broadcast
-from conversations.generations import generations_reap_interrupted
+from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
 from inference import fleet
 from inference.engine import LLMEngine
 from inference.registry import engine_config, model_spec
@@ -178,10 +179,14 @@ class WorkerHost:
 
 
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
-    """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``)."""
+    """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``), then
+    re-dispatch queued replies that no broker message may deliver (``generations_redispatch_queued``)."""
     reaped = generations_reap_interrupted(grace_s=grace_s)
     if reaped:
         logger.warning("marked %d reply(ies) interrupted: %s", len(reaped), reaped)
+    redispatched = generations_redispatch_queued()
+    if redispatched:
+        logger.warning("re-dispatched %d queued reply(ies): %s", len(redispatched), redispatched)
     return reaped
 
 
