@@ -42,7 +42,8 @@ def stream_key(message_id: int) -> str:
 
 
 def lease_key(message_id: int) -> str:
-    """Redis key a worker keeps alive (TTL seconds) while it owns a generation; gone => worker died."""
+    """Redis key a worker keeps alive (TTL seconds) while it owns a generation, holding its fleet id
+    (``host:pid``); gone => worker died."""
     return f"chatsite:lease:{message_id}"
 
 

@@ -118,7 +118,7 @@ class WorkerHost:
         request_id = f"msg-{message_id}"
         with self._lock:
             self._active[message_id] = request_id
-        self._redis.set(broadcast.lease_key(message_id), self.hostname, ex=LEASE_TTL_S)
+        self._redis.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
         try:
             yield request_id
         finally:
@@ -156,7 +156,7 @@ class WorkerHost:
             try:
                 pipe = self._redis.pipeline(transaction=False)
                 for message_id in ids:
-                    pipe.set(broadcast.lease_key(message_id), self.hostname, ex=LEASE_TTL_S)
+                    pipe.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
                 pipe.execute()
             except Exception:
                 logger.exception("lease heartbeat failed")
