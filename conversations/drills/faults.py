@@ -271,7 +271,6 @@ async def bad_input(*, url: str, origin: str, trials: int = 1) -> DrillResult:
     await me.until(done_for(mine["message_id"]), timeout=300)
     await wait_settled([foreign["message_id"]], timeout=300)
     before = await sync_to_async(_snapshot, thread_sensitive=False)()
-    started = time.monotonic()
     for _ in range(trials):
         for label, text, code in hostile_frames(
             own_reply=mine["message_id"],
@@ -299,11 +298,35 @@ async def bad_input(*, url: str, origin: str, trials: int = 1) -> DrillResult:
     result.notes.append(
         f"100 frames in ~1 s: {kinds.count('done')} answered, {kinds.count('error')} rate_limited"
     )
-    result.recovery_s.append(time.monotonic() - started)
+    for label, payload, code in (
+        ("2 MiB frame", ("x" * (2 * 1024 * 1024)).encode(), 1009),
+        ("text frame that is not UTF-8", b'{"type": "send", "content": "\xff\xfe"}', 1007),
+    ):
+        result.trials += 1
+        closed = await close_code_after(url, origin, own_cookie, payload)
+        if closed != code:
+            result.failures.append(f"{label}: closed with {closed}, not {code}")
     if await sync_to_async(_snapshot, thread_sensitive=False)() != before:
         result.failures.append("stored conversations or messages changed")
     await me.close()
     return result
+
+
+async def close_code_after(url: str, origin: str, cookie: str, payload: bytes) -> int | None:
+    """Send ``payload`` as one raw *text* frame on a new socket; the close code the server answers with."""
+    import websockets
+
+    socket = await Socket.open(url, origin, cookie)
+    try:
+        await socket.ws.send(payload, text=True)
+        while True:
+            await asyncio.wait_for(socket.ws.recv(), 10)
+    except websockets.ConnectionClosed as exc:
+        return exc.rcvd.code if exc.rcvd else None
+    except TimeoutError:
+        return None
+    finally:
+        await socket.close()
 
 
 def _snapshot():
