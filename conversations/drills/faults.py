@@ -80,7 +80,7 @@ async def worker_kill(
     replies are final. Held when the streaming reply ends ``interrupted`` (with its text) or is regenerated,
     the second reply is served, and nothing is queued/streaming 60 s after the kill."""
     result = DrillResult("worker SIGKILL mid-stream")
-    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=300, prefix="drill-kill")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=160, prefix="drill-kill")
     for trial in range(trials):
         a, b = await Socket.open(url, origin, cookies[0]), await Socket.open(url, origin, cookies[1])
         try:
@@ -151,7 +151,7 @@ async def db_outage(*, url: str, origin: str, outage_s: float = 10.0, trials: in
     ``queued`` again."""
     result = DrillResult(f"PostgreSQL unavailable {outage_s:.0f} s")
     name = settings.DATABASES["default"]["NAME"]
-    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=400, prefix="drill-db")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=48, prefix="drill-db")
     for _ in range(trials):
         result.trials += 1
         a, b = await Socket.open(url, origin, cookies[0]), await Socket.open(url, origin, cookies[1])
