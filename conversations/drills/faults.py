@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from conversations import broadcast
-from conversations.drills.client import Socket, drill_users, settled, wait_settled
+from conversations.drills.client import Socket, drill_users, wait_settled
 from conversations.drills.hostile import hostile_frames
 from conversations.drills.processes import DrillWorker
 from conversations.drills.report import DrillResult
@@ -81,6 +81,8 @@ async def worker_kill(
     the second reply is served, and nothing is queued/streaming 60 s after the kill."""
     result = DrillResult("worker SIGKILL mid-stream")
     cookies = await sync_to_async(drill_users)(2, max_reply_tokens=160, prefix="drill-kill")
+    killed_final: list[float] = []
+    interrupted = 0
     for trial in range(trials):
         a, b = await Socket.open(url, origin, cookies[0]), await Socket.open(url, origin, cookies[1])
         try:
@@ -102,7 +104,10 @@ async def worker_kill(
             second = answer.get("message_id") if answer["type"] == "queued" else None
             restarted = asyncio.create_task(asyncio.to_thread(restart, victim))
             done_a = await a.until(done_for(first), timeout=60)
+            killed_final.append(time.monotonic() - killed_at)
             check_final(result, done_a, streamed, "killed reply")
+            if done_a["status"] == "interrupted":
+                interrupted += 1
             ids = [first] + ([second] if second else [])
             if second:
                 try:
@@ -117,6 +122,11 @@ async def worker_kill(
         finally:
             await a.close()
             await b.close()
+    if killed_final:
+        result.notes.append(
+            f"killed reply final (interrupted {interrupted}/{len(killed_final)}, with its text) "
+            f"{min(killed_final):.1f}-{max(killed_final):.1f} s after the kill"
+        )
     return result
 
 
@@ -211,7 +221,13 @@ user_messages = sync_to_async(_user_messages, thread_sensitive=False)
 
 
 async def overload(
-    *, url: str, origin: str, sends: int = 200, clients: int = 50, timeout: float = 900
+    *,
+    url: str,
+    origin: str,
+    sends: int = 200,
+    clients: int = 50,
+    max_reply_tokens: int = 16,
+    timeout: float = 900,
 ) -> DrillResult:
     """A burst of ``sends`` messages from ``clients`` sockets at once (about 10x what one worker's engine
     runs at a time). Every send must be answered ``queued`` or with an error frame, and every stored
@@ -219,7 +235,7 @@ async def overload(
     result = DrillResult(f"overload: burst of {sends} sends")
     per_client = max(1, sends // clients)
     cookies = await sync_to_async(drill_users)(
-        clients, max_reply_tokens=16, concurrent=per_client, prefix="drill-load"
+        clients, max_reply_tokens=max_reply_tokens, concurrent=per_client, prefix="drill-load"
     )
     sockets = await asyncio.gather(*(Socket.open(url, origin, c) for c in cookies))
     result.trials = per_client * clients
@@ -339,19 +355,58 @@ def _snapshot():
     )
 
 
-async def redis_restart(*, url: str, origin: str, command: str, trials: int = 1) -> DrillResult:
-    """Run ``command`` (which must restart the stack's Redis) while a reply streams. Recovery: seconds from
-    the restart until a new send is ``queued``; the reply in flight must reach a final state (followed
-    again with ``resume`` over a new socket, as the page does)."""
+async def follow_until_done(
+    socket: Socket, *, url: str, origin: str, cookie: str, message_id: int, timeout: float
+):
+    """Follow a reply as the page does: on a dropped socket, reconnect (retrying) and ``resume`` from the last
+    ``seq`` seen. Returns (its ``done`` frame or None, reconnects made)."""
+    import websockets
+
+    deadline = time.monotonic() + timeout
+    last_seq, reconnects = -1, 0
+    while time.monotonic() < deadline:
+        try:
+            frame = await socket.recv(timeout=max(0.05, deadline - time.monotonic()))
+            if frame["type"] == "token" and frame["message_id"] == message_id:
+                last_seq = max(last_seq, frame["seq"])
+            if frame["type"] == "done" and frame["message_id"] == message_id:
+                return frame, reconnects
+        except websockets.ConnectionClosed:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                try:
+                    socket = await Socket.open(url, origin, cookie)
+                    await socket.send({"type": "resume", "message_id": message_id, "after_seq": last_seq})
+                    reconnects += 1
+                    break
+                except (OSError, websockets.InvalidHandshake, websockets.ConnectionClosed, TimeoutError):
+                    continue
+        except TimeoutError:
+            break
+    return None, reconnects
+
+
+async def redis_restart(
+    *, url: str, origin: str, command: str | Callable[[], None], trials: int = 1
+) -> DrillResult:
+    """Run ``command`` (a shell command or a callable that restarts the stack's Redis, losing its data) while a reply streams to an
+    open socket. Recovery: seconds from the restart until a new send is ``queued``. The socket must either
+    keep following the reply or be closed so that a reconnect and ``resume`` (what the page does) brings
+    it to the reply's ``done``; the reply must reach a final state with at least its streamed text."""
     result = DrillResult("Redis restart mid-stream")
-    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=300, prefix="drill-redis")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=160, prefix="drill-redis")
     for _ in range(trials):
         result.trials += 1
         a = await Socket.open(url, origin, cookies[0])
         first, streamed = await start_streaming(a)
-        await a.close()
         restarted_at = time.monotonic()
-        await asyncio.to_thread(subprocess.run, command, shell=True, check=True)
+        if callable(command):
+            await asyncio.to_thread(command)
+        else:
+            await asyncio.to_thread(subprocess.run, command, shell=True, check=True)
+        follower = asyncio.create_task(
+            follow_until_done(a, url=url, origin=origin, cookie=cookies[0], message_id=first, timeout=180)
+        )
         replies = [first]
         while time.monotonic() - restarted_at < 60:
             try:
@@ -363,15 +418,18 @@ async def redis_restart(*, url: str, origin: str, command: str, trials: int = 1)
                     result.recovery_s.append(time.monotonic() - restarted_at)
                     replies.append(answer["message_id"])
                     break
-            except Exception:  # noqa: BLE001 - the server may refuse or drop us while Redis is back-filling
+            except Exception:  # noqa: BLE001 - refused or dropped while Redis comes back
                 pass
             await asyncio.sleep(0.5)
         else:
             result.failures.append("no send accepted within 60 s of the restart")
-        state, _ = await wait_settled(replies, timeout=90)
+        done, reconnects = await follower
+        result.notes.append(f"the open socket reconnected {reconnects} time(s)")
+        if done is None:
+            result.failures.append("the socket following the reply never got its done frame")
+        else:
+            check_final(result, done, streamed, "reply in flight")
+        state, _ = await wait_settled(replies, timeout=120)
         result.stuck += state.active
         result.lost += state.missing
-        final = await settled([first])
-        if final.final != 1:
-            result.failures.append("the reply in flight did not reach a final state")
     return result
