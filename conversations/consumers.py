@@ -128,7 +128,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             logger.warning("frame %s failed: a backing service is unavailable", frame.type, exc_info=True)
             await self.send_error(
                 "unavailable",
-                "The service is briefly unavailable; nothing was stored. Try again in a few seconds.",
+                "The service is briefly unavailable. Try again in a few seconds.",
                 retry_after=settings.ADMISSION_RETRY_AFTER_S,
             )
         except Exception:

@@ -251,7 +251,7 @@
     stopRetry();
     state.pending.transmitted = false;
     let left = Math.max(1, Math.ceil(seconds));
-    const label = code === 'busy' ? 'Busy' : 'Rate limit reached';
+    const label = { busy: 'Busy', unavailable: 'Briefly unavailable' }[code] || 'Rate limit reached';
     const tick = () => {
       if (left <= 0) { stopRetry(); transmit(); return; }
       setQueueStatus(`${label} — retrying in ${left} s`, 'retrying');
@@ -369,7 +369,7 @@
     },
     error(m) {
       const p = state.pending;
-      if ((m.code === 'rate_limited' || m.code === 'busy') && m.retry_after != null && p) {
+      if (['rate_limited', 'busy', 'unavailable'].includes(m.code) && m.retry_after != null && p) {
         startRetryCountdown(m.code, m.retry_after);
         return;
       }
