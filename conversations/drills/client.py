@@ -25,6 +25,7 @@ def drill_users(
 ) -> list[str]:
     """``count`` users of the ``drills`` tier (created or reused; limits high enough that only admission
     control's queue bound refuses), each with a fresh session; returns their ``Cookie`` header values."""
+    close_old_connections()  # a database drill may have ended this thread's connection
     base = Tier.objects.get(name="paid")
     fields = {f.name for f in Tier._meta.concrete_fields} - {"id", "name"}
     defaults = {name: getattr(base, name) for name in fields}

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
 
 from conversations.drills import faults
 from conversations.drills.processes import DrillWorker, stack_queues
@@ -50,6 +51,7 @@ class Command(BaseCommand):
         results = []
         for name in chosen:
             self.stdout.write(f"running {name} ...")
+            close_old_connections()  # the database drill ends every session of the database
             result = asyncio.run(self.run_drill(name, o, log_dir))
             self.stdout.write(format_table([result]))
             results.append(result)
