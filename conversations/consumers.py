@@ -67,11 +67,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
         self.ended = False
+        self.session_key, self.session_fp = None, ""
         self.bucket = FrameBucket(rate=settings.WS_FRAMES_PER_S, burst=settings.WS_FRAME_BURST)
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
         if self.user is None or not self.user.is_authenticated:
+            self.ended = True
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         session = self.scope.get("session")
