@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.sessions.backends.db import SessionStore
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from billing.models import Tier
 from conversations.models import Message
@@ -113,7 +113,13 @@ async def wait_settled(
     """Poll until none of ``message_ids`` is queued/streaming or ``timeout`` passes; (state, seconds)."""
     started = time.monotonic()
     while True:
-        state = await settled(message_ids)
+        try:
+            state = await settled(message_ids)
+        except DatabaseError:  # PostgreSQL briefly unreachable (or out of connections): poll again
+            if time.monotonic() - started > timeout:
+                raise
+            await asyncio.sleep(poll_s)
+            continue
         if state.active == 0 or time.monotonic() - started > timeout:
             return state, time.monotonic() - started
         await asyncio.sleep(poll_s)
