@@ -198,8 +198,10 @@ def publish_to_user_on_commit(user_id: int, frame: dict[str, Any]) -> None:
 
 
 def publish_on_commit(message_id: int, frame: dict[str, Any]) -> None:
-    """:func:`publish` once the surrounding transaction commits (immediately outside one)."""
-    transaction.on_commit(lambda: publish(message_id, frame))
+    """:func:`publish` once the surrounding transaction commits (immediately outside one). Robust: the
+    stored state is what counts, so a Redis outage at that moment is logged, not raised (a tab that
+    missed the frame gets it from the database on ``resume``)."""
+    transaction.on_commit(lambda: publish(message_id, frame), robust=True)
 
 
 def request_cancel(message_id: int) -> None:

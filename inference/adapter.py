@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from django.conf import settings
 
 from conversations import broadcast
@@ -22,6 +23,8 @@ from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEven
 from inference.worker import WorkerHost, get_host
 
 logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
 
 STATUS_BY_FINISH = {
     "stop": Message.Status.COMPLETED,
@@ -70,7 +73,7 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
             return finish(
                 message=message,
                 status=Message.Status.INTERRUPTED,
-                text=broadcast.stream_text(message.id),
+                text=_streamed_text(message.id),
                 error="The database was unavailable while generating this reply. Retry to generate it again.",
             )
         except Exception:
@@ -78,9 +81,16 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
             return finish(
                 message=message,
                 status=Message.Status.FAILED,
-                text=broadcast.stream_text(message.id),
+                text=_streamed_text(message.id),
                 error="Internal error while generating.",
             )
+
+
+def _streamed_text(message_id: int) -> str:
+    try:
+        return broadcast.stream_text(message_id)
+    except REDIS_ERRORS:
+        return ""
 
 
 def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
@@ -110,11 +120,19 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     if broadcast.cancel_requested(message.id):
         handle.cancel()
     final: FinishEvent | None = None
+    publish_failures = 0
     for event in handle.events():
         if isinstance(event, TokenEvent):
-            broadcast.publish(
-                message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
-            )
+            try:
+                broadcast.publish(
+                    message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
+                )
+            except REDIS_ERRORS:
+                # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
+                # final text reaches them in `done` (and from the database on resume).
+                publish_failures += 1
+                if publish_failures == 1:
+                    logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
         else:
             final = event
     assert final is not None, "the engine ends every request with a FinishEvent"

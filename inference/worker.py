@@ -124,7 +124,10 @@ class WorkerHost:
         finally:
             with self._lock:
                 self._active.pop(message_id, None)
-            self._redis.delete(broadcast.lease_key(message_id))
+            try:
+                self._redis.delete(broadcast.lease_key(message_id))
+            except Exception:  # Redis down: the lease expires by its TTL
+                logger.warning("could not release the lease of message %s", message_id)
 
     def cancel(self, message_id: int) -> bool:
         with self._lock:

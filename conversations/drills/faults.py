@@ -394,7 +394,7 @@ async def redis_restart(
     keep following the reply or be closed so that a reconnect and ``resume`` (what the page does) brings
     it to the reply's ``done``; the reply must reach a final state with at least its streamed text."""
     result = DrillResult("Redis restart mid-stream")
-    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=160, prefix="drill-redis")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=48, prefix="drill-redis")
     for _ in range(trials):
         result.trials += 1
         a = await Socket.open(url, origin, cookies[0])
@@ -405,7 +405,7 @@ async def redis_restart(
         else:
             await asyncio.to_thread(subprocess.run, command, shell=True, check=True)
         follower = asyncio.create_task(
-            follow_until_done(a, url=url, origin=origin, cookie=cookies[0], message_id=first, timeout=180)
+            follow_until_done(a, url=url, origin=origin, cookie=cookies[0], message_id=first, timeout=300)
         )
         replies = [first]
         while time.monotonic() - restarted_at < 60:
