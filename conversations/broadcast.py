@@ -48,7 +48,10 @@ def lease_key(message_id: int) -> str:
 
 
 #: Seconds a worker's lease on a reply lives without a refresh (the worker refreshes it every 2 s).
-LEASE_TTL_S = 10
+LEASE_TTL_S = 8
+#: Seconds a missing lease is looked at again before its reply counts as orphaned: a Redis restart loses
+#: every lease, and the live workers' heartbeats (every 2 s) put theirs back within this time.
+LEASE_RECHECK_S = 4.5
 
 
 def lease_alive(message_id: int) -> bool:

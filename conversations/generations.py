@@ -9,6 +9,7 @@ text is written once, by :func:`generation_finish`; conditional UPDATEs (``WHERE
 races between Stop, the worker and the reaper without locks held across a generation.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -192,7 +193,7 @@ def reply_for_resume(*, user, message_id: int) -> Message:
     reaper has marked it yet, so a reload never shows a reply streaming forever."""
     message = message_get_for_user(user=user, message_id=message_id)
     if message.status == Message.Status.STREAMING and not broadcast.lease_alive(message.id):
-        if generations_reap_interrupted(message_ids=[message.id]):
+        if generations_reap_interrupted(message_ids=[message.id], recheck_s=broadcast.LEASE_RECHECK_S):
             message.refresh_from_db()
     return message
 
@@ -278,20 +279,27 @@ def generations_reap_interrupted(
     is_alive: Callable[[int], bool] = broadcast.lease_alive,
     grace_s: float = broadcast.LEASE_TTL_S,
     message_ids: list[int] | None = None,
+    recheck_s: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[int]:
     """Mark ``streaming`` replies whose worker is gone (``is_alive(message_id)`` False, e.g. its lease key
     expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, keeping
-    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. Returns the ids
-    marked."""
+    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. With
+    ``recheck_s`` (``broadcast.LEASE_RECHECK_S`` for the reapers) a reply counts as orphaned only if its
+    lease is still missing that many seconds later, so a Redis restart (which loses every lease until the
+    heartbeats put them back) does not interrupt live generations. Returns the ids marked."""
     cutoff = timezone.now() - timedelta(seconds=grace_s)
     candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff)
     if message_ids is not None:
         candidates = candidates.filter(pk__in=message_ids)
-    candidates = candidates.values_list("id", flat=True)
+    orphaned = [
+        message_id for message_id in candidates.values_list("id", flat=True) if not is_alive(message_id)
+    ]
+    if orphaned and recheck_s > 0:
+        sleep(recheck_s)
+        orphaned = [message_id for message_id in orphaned if not is_alive(message_id)]
     reaped = []
-    for message_id in candidates:
-        if is_alive(message_id):
-            continue
+    for message_id in orphaned:
         with transaction.atomic():
             if Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
                 status=Message.Status.INTERRUPTED,

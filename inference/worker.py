@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = broadcast.LEASE_TTL_S
 LEASE_REFRESH_S = 2.0
-REAPER_INTERVAL_S = 5.0
+REAPER_INTERVAL_S = 2.0
 
 
 class WorkerHost:
@@ -184,7 +184,7 @@ class WorkerHost:
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
     """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``), then
     re-dispatch queued replies that no broker message may deliver (``generations_redispatch_queued``)."""
-    reaped = generations_reap_interrupted(grace_s=grace_s)
+    reaped = generations_reap_interrupted(grace_s=grace_s, recheck_s=broadcast.LEASE_RECHECK_S)
     if reaped:
         logger.warning("marked %d reply(ies) interrupted: %s", len(reaped), reaped)
     redispatched = generations_redispatch_queued()

@@ -20,7 +20,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, grace, **options):
-        reaped = generations_reap_interrupted(grace_s=grace)
+        reaped = generations_reap_interrupted(grace_s=grace, recheck_s=broadcast.LEASE_RECHECK_S)
         self.stdout.write(f"marked {len(reaped)} reply(ies) interrupted" + (f": {reaped}" if reaped else ""))
         again = generations_redispatch_queued()
         self.stdout.write(f"re-dispatched {len(again)} queued reply(ies)" + (f": {again}" if again else ""))
