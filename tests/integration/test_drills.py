@@ -23,7 +23,7 @@ from conversations.drills import faults
 from conversations.drills.processes import DrillWorker
 from tests.live_stack import ROOT, free_port, stack_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def ws_url(http_url: str) -> str:
@@ -70,6 +70,7 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise TimeoutError(f"nothing listening on {port}")
 
 
+@pytest.mark.asyncio
 async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
     live_server_url, private_model, drill_workers
 ):
@@ -88,20 +89,24 @@ async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
     assert result.recovery_s[0] < 60
 
 
-async def test_postgresql_outage_answers_unavailable_and_keeps_the_reply(
+def test_postgresql_outage_answers_unavailable_and_keeps_the_reply(
     live_server_url, private_model, drill_workers
 ):
-    queue = await sync_to_async(private_model)("dbdrill")
-    await asyncio.to_thread(drill_workers, "db-1", queue)
+    # Sync test: the outage ends this thread's database session too, which must be closed before teardown.
+    queue = private_model("dbdrill")
+    drill_workers("db-1", queue)
     try:
-        result = await faults.db_outage(url=ws_url(live_server_url), origin=live_server_url, outage_s=10)
+        result = asyncio.run(
+            faults.db_outage(url=ws_url(live_server_url), origin=live_server_url, outage_s=10)
+        )
     finally:
-        await asyncio.to_thread(faults.database_restore, settings.DATABASES["default"]["NAME"])
-        await sync_to_async(connections.close_all)()
+        faults.database_restore(settings.DATABASES["default"]["NAME"])
+        connections.close_all()
     assert result.held, (result.failures, result.notes)
     assert result.recovery_s[0] < 10
 
 
+@pytest.mark.asyncio
 async def test_overload_burst_every_send_answered_every_reply_final(
     live_server_url, private_model, drill_workers
 ):
@@ -118,6 +123,7 @@ async def test_overload_burst_every_send_answered_every_reply_final(
     assert result.held, (result.failures, result.notes)
 
 
+@pytest.mark.asyncio
 async def test_transport_closes_oversized_and_non_utf8_frames_with_a_code(live_server_url, make_user):
     cookies = await sync_to_async(faults.drill_users)(1, max_reply_tokens=4, prefix="drill-close")
     url = ws_url(live_server_url)
@@ -148,6 +154,7 @@ def private_redis():
     state["proc"].wait(10)
 
 
+@pytest.mark.asyncio
 async def test_redis_restart_mid_stream_recovers_without_restarting_anything(
     private_redis, private_model, drill_workers, tmp_path
 ):
