@@ -16,7 +16,7 @@ import time
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from billing.models import Tier
 from conversations.drills import faults
@@ -30,13 +30,27 @@ def ws_url(http_url: str) -> str:
     return http_url.replace("http://", "ws://") + "/ws/chat/"
 
 
+def purge_queue(name: str) -> None:
+    """Drop messages an earlier run left in a drill's broker queue (their ids would name this run's rows)."""
+    from celery import current_app
+    from kombu import Queue
+
+    with current_app.connection_for_write() as conn:
+        bound = Queue(name)(conn.default_channel)
+        bound.declare()
+        bound.purge()
+
+
 @pytest.fixture
-def private_model(make_user):
-    """Route the tiers' (and so the drill tier's) replies to a model name of this test's own."""
+def private_model(make_user, redis_clean):
+    """Route the tiers' (and so the drill tier's) replies to a model name of this test's own, with an empty
+    queue and no replay streams left by earlier runs (ids restart with each test database)."""
 
     def route(name: str) -> str:
+        close_old_connections()  # a database drill may have ended this thread's session
         make_user("drill-owner")  # tiers exist
         Tier.objects.update(model_name=name)
+        purge_queue(f"inference.{name}")
         return f"inference.{name}"
 
     return route
@@ -72,8 +86,9 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 @pytest.mark.asyncio
 async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
-    live_server_url, private_model, drill_workers
+    live_server_url, private_model, drill_workers, celery_worker
 ):
+    # celery_worker (serving another queue) is the live worker whose reaper settles the killed reply.
     queue = await sync_to_async(private_model)("killdrill")
     workers = [await asyncio.to_thread(drill_workers, "kill-1", queue)]
     result = await faults.worker_kill(
@@ -84,9 +99,9 @@ async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
         trials=1,
     )
     assert result.trials == 1, result.notes
+    # Held: the killed reply ended (interrupted with its text, or regenerated) and the reply sent 0.1 s after
+    # the kill was served by the restarted worker, each within 60 s; nothing queued/streaming 60 s after.
     assert result.held, (result.failures, result.notes)
-    # The killed reply ended within the lease TTL plus a reaper round (and the restart's model load).
-    assert result.recovery_s[0] < 60
 
 
 def test_postgresql_outage_answers_unavailable_and_keeps_the_reply(
