@@ -90,7 +90,13 @@ async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
 ):
     # celery_worker (serving another queue) is the live worker whose reaper settles the killed reply.
     queue = await sync_to_async(private_model)("killdrill")
-    workers = [await asyncio.to_thread(drill_workers, "kill-1", queue)]
+    # Two workers: the survivor serves the reply sent 0.1 s after the kill while the victim restarts.
+    workers = list(
+        await asyncio.gather(
+            asyncio.to_thread(drill_workers, "kill-1", queue),
+            asyncio.to_thread(drill_workers, "kill-2", queue),
+        )
+    )
     result = await faults.worker_kill(
         url=ws_url(live_server_url),
         origin=live_server_url,
