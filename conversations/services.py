@@ -16,12 +16,17 @@ APPEND = _Append()
 SYSTEM_PROMPT_MAX_CHARS = 4000
 
 
-def conversation_create(*, owner, title: str = "", system_prompt: str | None = None) -> Conversation:
+def conversation_create(
+    *, owner, title: str = "", system_prompt: str | None = None, client_id=None
+) -> Conversation:
     """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters. ``system_prompt``
-    None takes the owner's default system prompt (profile)."""
+    None takes the owner's default system prompt (profile). ``client_id``: the idempotency key of the
+    ``send`` that starts it (unique per owner; raises IntegrityError when taken)."""
     if system_prompt is None:
         system_prompt = getattr(owner, "default_system_prompt", "") or ""
-    return Conversation.objects.create(owner=owner, title=title.strip()[:200], system_prompt=system_prompt)
+    return Conversation.objects.create(
+        owner=owner, title=title.strip()[:200], system_prompt=system_prompt, client_id=client_id
+    )
 
 
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
@@ -72,13 +77,15 @@ def message_create(
     status: str = Message.Status.COMPLETED,
     model_name: str = "",
     parent: Message | None | _Append = APPEND,
+    client_id=None,
 ) -> Message:
     """Store a message as the new active leaf and move its conversation to the top of the sidebar.
 
     ``parent`` left out: the message follows the conversation's active leaf (a linear append, what callers
     that know nothing of branches want). ``parent=<Message>`` adds a child there (a new branch when it
     already has children); ``parent=None`` adds a root (a sibling of the first message). The parent's
-    ``active_child`` and the conversation's ``active_leaf`` move to the new message.
+    ``active_child`` and the conversation's ``active_leaf`` move to the new message. ``client_id``: a user
+    message's idempotency key (unique per conversation; raises IntegrityError when taken).
     """
     with transaction.atomic():
         # Lock the conversation row: two appends at once must not both read the same leaf.
@@ -94,6 +101,7 @@ def message_create(
             content=content,
             status=status,
             model_name=model_name,
+            client_id=client_id,
         )
         if parent_id is not None:
             Message.objects.filter(pk=parent_id).update(active_child=message)

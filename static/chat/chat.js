@@ -101,6 +101,14 @@
     setQueueStatus(p.transmitted ? 'Sending…' : 'Waiting for the connection…', 'sending');
   }
 
+  function newClientId() { // a UUID v4; crypto.randomUUID needs a secure context, getRandomValues does not
+    if (crypto.randomUUID) return crypto.randomUUID();
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    b[6] = (b[6] & 0x0f) | 0x40; b[8] = (b[8] & 0x3f) | 0x80;
+    const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+  }
+
   function sendText(text, editId = null) {
     if (busy()) return false;
     let userEl = null;
@@ -116,7 +124,8 @@
     } else {
       userEl = addMessage('user', null, 'pending');
       $('.content', userEl).textContent = text;
-      request({ type: 'send', conversation_id: state.conversationId, content: text },
+      // client_id: the idempotency key, so a resend after a dropped connection never stores it twice.
+      request({ type: 'send', conversation_id: state.conversationId, content: text, client_id: newClientId() },
         { text, userEl, retry: () => retryText(text) });
     }
     return true;
@@ -161,7 +170,7 @@
     p.transmitted = false;
     const deadline = Date.now() + Chat.retryDelay(cfg.backoff, p.attempts, retryAfter) * 1000;
     p.attempts += 1;
-    const label = code === 'busy' ? 'The service is busy' : 'Rate limit reached';
+    const label = { busy: 'The service is busy', unavailable: 'Briefly unavailable' }[code] || 'Rate limit reached';
     const tick = () => {
       const left = Math.ceil((deadline - Date.now()) / 1000);
       if (left <= 0) { stopRetry(); transmit(); return; }
@@ -271,7 +280,7 @@
     },
     error(m) {
       const p = state.pending;
-      if ((m.code === 'rate_limited' || m.code === 'busy') && m.retry_after != null && p) {
+      if (['rate_limited', 'busy', 'unavailable'].includes(m.code) && m.retry_after != null && p) {
         startRetryCountdown(m.code, m.retry_after);
         return;
       }
@@ -333,7 +342,9 @@
     },
     close() {
       const p = state.pending;
-      if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
+      if (p?.transmitted && p.frame.client_id) {
+        p.transmitted = false; // a keyed send is re-sent on reconnect: the server answers a duplicate with its ticket
+      } else if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
         abandonPending();
         showBanner('The connection dropped before the server confirmed your message. '
           + 'Reload the page to see whether it arrived, or retry.', p.retry);

@@ -29,6 +29,6 @@ BACKWARD = [
 
 
 class Migration(migrations.Migration):
-    dependencies = [("conversations", "0002_message_branch_tree_and_search")]
+    dependencies = [("conversations", "0003_message_branch_tree_and_search")]
 
     operations = [migrations.RunSQL(FORWARD, BACKWARD)]
