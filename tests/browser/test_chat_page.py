@@ -19,6 +19,9 @@ LONG_PROMPT = (
 def page(chromium, live_server_url, celery_worker, redis_clean):
     # The session's one Chromium (tests/browser/conftest.py): a second sync Playwright in the same thread
     # is refused.
+    from billing.services import tiers_ensure
+
+    tiers_ensure()  # an earlier transactional test flushed the tiers the data migration made; sign-up needs them
     context = chromium.new_context(base_url=live_server_url)
     page = context.new_page()
     page.set_default_timeout(60_000)
