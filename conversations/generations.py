@@ -225,6 +225,10 @@ def generation_finish(
                 completion_tokens=completion_tokens,
             )
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+        if updated and not message.conversation.stored:
+            # An API completion without ``store: true`` (conversations/completions.py): the done frame above
+            # carries its result; the usage record stays, its message link cleared.
+            message.conversation.delete()
     return message
 
 

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "api",  # the OpenAI-compatible API (issue 10)
 ]
 
 MIDDLEWARE = [
@@ -44,6 +45,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "api.middleware.request_id_middleware",  # x-request-id on every response (issue 10)
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -155,3 +157,8 @@ LOGGING = {
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
 INFERENCE_TOP_P = env.float("INFERENCE_TOP_P", default=0.9)
 INFERENCE_REPETITION_PENALTY = env.float("INFERENCE_REPETITION_PENALTY", default=1.1)
+
+# OpenAI-compatible API (issue 10): request bodies larger than this are refused with 400 (bytes); a
+# non-streaming completion waits at most this long for its reply before cancelling it (seconds).
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=1_000_000)
+API_COMPLETION_TIMEOUT_S = env.int("API_COMPLETION_TIMEOUT_S", default=600)
