@@ -11,6 +11,7 @@ from api.services import api_key_create
 from billing.models import Tier, UsageRecord
 from billing.services import usage_record_create
 from conversations import generations
+from conversations.admission import AdmissionRefused
 from conversations.completions import completion_cancel, completion_request
 from conversations.models import Conversation, Message
 from inference.adapter import sampling_for
@@ -293,6 +294,6 @@ def test_openapi_document_is_published(client):
 
 def test_transaction_rolls_back_completion_when_admission_refuses(alice, settings):
     settings.ADMISSION_MAX_QUEUED = 0
-    with pytest.raises(Exception), transaction.atomic():
+    with pytest.raises(AdmissionRefused), transaction.atomic():
         completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
     assert not Conversation.objects.exists()
