@@ -71,7 +71,12 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=int, default=8)
 
     def handle(self, *args, base_url, user, model, streams, rounds, max_tokens, **options):
+        import logging
+
         from django.contrib.auth import get_user_model
+
+        for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
         account = get_user_model().objects.filter(username=user).first()
         if account is None:
