@@ -114,7 +114,17 @@ async def chat_completions(request):
     channel = await layer.new_channel("api.")
     try:
         user, chat = await sync_to_async(_prepare)(request)
-        reply = await sync_to_async(_submit)(user, chat, channel)
+        submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat, channel))
+        try:
+            reply = await asyncio.shield(submit)
+        except asyncio.CancelledError:
+            # The client left while the reply was being stored: it commits anyway, so cancel it.
+            try:
+                reply = await submit
+            except ApiError:
+                raise asyncio.CancelledError from None
+            await _cancel(user, reply.id)
+            raise
     except ApiError as error:
         return error.response()
     created = int(time.time())

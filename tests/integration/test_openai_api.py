@@ -263,3 +263,20 @@ def test_langchain_chat_openai_plain_and_streamed(api):
     assert plain.content
     streamed = "".join(chunk.content for chunk in llm.stream("Name three colours of the rainbow."))
     assert streamed == plain.content
+
+
+def test_error_after_the_stream_began_is_an_error_event(api, live_server_url):  # noqa: F811
+    # The reply fails in the worker (its prompt does not fit the tier's context), after the role chunk.
+    Tier.objects.filter(name="paid").update(max_context_tokens=64)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 200}], "stream": True}
+    status, _headers, payloads = raw_sse(live_server_url, api.raw_key, body)
+    assert status == 200
+    first, last = json.loads(payloads[0]), json.loads(payloads[-1])
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert last["error"]["code"] == "failed" and "context" in last["error"]["message"]
+    assert "[DONE]" not in payloads
+
+    with pytest.raises(openai.APIError):
+        for _ in api.chat.completions.create(**{k: v for k, v in body.items() if k != "stream"}, stream=True):
+            pass
+    Tier.objects.filter(name="paid").update(max_context_tokens=8192)
