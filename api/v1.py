@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from api import chunks
 from api.auth import user_for_request
 from api.chat_request import ChatRequest, parse_chat_request
-from api.errors import ApiError, from_admission, invalid, model_not_found
+from api.errors import ApiError, from_admission, invalid, model_not_found, rate_limit_headers
 from api.follow import ReplyLost, reply_frames
 from conversations import broadcast
 from conversations.admission import AdmissionRefused
@@ -78,7 +78,7 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
         async_to_sync(layer.group_add)(broadcast.message_group(reply.id), channel)
 
     try:
-        return completion_request(
+        reply = completion_request(
             user=user,
             model=chat.model,
             messages=chat.messages,
@@ -88,6 +88,9 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
         )
     except AdmissionRefused as refused:
         raise from_admission(refused, user=user) from refused
+    # As OpenAI does on every response, so clients can pace themselves before they hit a 429.
+    reply.rate_limit_headers = rate_limit_headers(user=user)
+    return reply
 
 
 def _failure(done: dict) -> ApiError:
@@ -135,8 +138,11 @@ async def chat_completions(request):
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
-        return response
-    return await _complete(layer, channel, user, reply.id, ids)
+    else:
+        response = await _complete(layer, channel, user, reply.id, ids)
+    for name, value in reply.rate_limit_headers.items():
+        response[name] = value
+    return response
 
 
 async def _complete(layer, channel: str, user, message_id: int, ids: dict) -> JsonResponse:

@@ -92,7 +92,7 @@ def test_stream_is_in_openais_order_with_include_usage_and_equals_non_streamed_t
         live_server_url, api.raw_key, {**body, "stream": True, "stream_options": {"include_usage": True}}
     )
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    assert headers["x-request-id"]
+    assert headers["x-request-id"] and int(headers["x-ratelimit-remaining-requests"]) < 60
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert chunks[0]["id"].startswith("chatcmpl-") and chunks[0]["id"] != plain.id
