@@ -188,11 +188,14 @@ def test_error_rows_with_the_official_client(api, carol, make_user):
     assert headers["x-ratelimit-reset-requests"].endswith("s")
     Tier.objects.filter(name="paid").update(requests_per_minute=60)
 
-    # Overload: the tier queue already holds ADMISSION_MAX_QUEUED (256) replies of other users.
+    # Overload: the model already has ADMISSION_MAX_QUEUED (256) replies of other users queued.
     dave = make_user("dave", tier="paid")
     conversation = Conversation.objects.create(owner=dave, title="backlog")
     Message.objects.bulk_create(
-        [Message(conversation=conversation, role="assistant", status="queued") for _ in range(256)]
+        [
+            Message(conversation=conversation, role="assistant", status="queued", model_name=MODEL)
+            for _ in range(256)
+        ]
     )
     with pytest.raises(openai.InternalServerError) as exc:
         api.chat.completions.create(model=MODEL, messages=PROMPT)
