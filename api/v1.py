@@ -17,6 +17,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import connections
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -100,6 +101,19 @@ def _failure(done: dict) -> ApiError:
     return ApiError(500, message, type="server_error", code=status)
 
 
+async def _close_db() -> None:
+    """Close this request's database connections. Under ASGI every request runs its sync code in a thread of
+    its own (asgiref's ThreadSensitiveContext), so a persistent connection (``CONN_MAX_AGE`` > 0) would be
+    left open by each request instead of being reused (Django ticket #33497)."""
+    await sync_to_async(_close_connections)()
+
+
+def _close_connections() -> None:
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:  # a test's wrapping transaction stays open
+            conn.close()
+
+
 async def _cancel(user, message_id: int) -> None:
     # Shielded: this runs while the view's task is being cancelled (client gone).
     try:
@@ -115,6 +129,14 @@ async def chat_completions(request):
     ``chat.completion.chunk`` events ending in ``data: [DONE]``. Errors in OpenAI's shape (api.errors)."""
     layer = get_channel_layer()
     channel = await layer.new_channel("api.")
+    try:
+        return await _chat_completions(request, layer, channel)
+    finally:
+        if not getattr(request, "_api_streaming", False):  # the SSE generator closes them when it ends
+            await _close_db()
+
+
+async def _chat_completions(request, layer, channel):
     try:
         user, chat = await sync_to_async(_prepare)(request)
         submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat, channel))
@@ -138,6 +160,7 @@ async def chat_completions(request):
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
+        request._api_streaming = True
     else:
         response = await _complete(layer, channel, user, reply.id, ids)
     for name, value in reply.rate_limit_headers.items():
@@ -219,6 +242,7 @@ async def _stream(layer, channel: str, user, message_id: int, chat: ChatRequest,
         if not finished:  # client disconnected (CancelledError / GeneratorExit): free the engine slot
             await _cancel(user, message_id)
         await layer.group_discard(broadcast.message_group(message_id), channel)
+        await _close_db()
 
 
 def _models_user(request):
@@ -232,7 +256,9 @@ async def models_list(request):
         user = await sync_to_async(_models_user)(request)
     except ApiError as error:
         return error.response()
-    names = await sync_to_async(models_for_tier)(user.tier)
+    finally:
+        await _close_db()
+    names = models_for_tier(user.tier)
     return JsonResponse({"object": "list", "data": [_model_object(name) for name in names]})
 
 
@@ -241,10 +267,12 @@ async def model_detail(request, model_id: str):
     """``GET /v1/models/<id>``: one model, 404 ``model_not_found`` when the tier may not use it."""
     try:
         user = await sync_to_async(_models_user)(request)
-        if model_id not in await sync_to_async(models_for_tier)(user.tier):
+        if model_id not in models_for_tier(user.tier):
             raise model_not_found(model_id)
     except ApiError as error:
         return error.response()
+    finally:
+        await _close_db()
     return JsonResponse(_model_object(model_id))
 
 

@@ -12,6 +12,7 @@ channel-layer hop back to the SSE response. Completions are sent with ``store: t
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -83,6 +84,7 @@ class Command(BaseCommand):
             raise CommandError(f"no user {user!r}")
         api_key, key = api_key_create(user=account, name="bench_api")
         rows, created = [], []
+        load_before = os.getloadavg()[0]
         try:
             # Warm-up: connections, the first prefill.
             created += [i for i, _ in asyncio.run(_wave(base_url, key, model, 1, max_tokens))]
@@ -109,6 +111,10 @@ class Command(BaseCommand):
         finally:
             api_key.delete()
             Conversation.objects.filter(owner=account, messages__id__in=created).delete()
+        self.stdout.write(
+            f"load average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} "
+            f"on {os.cpu_count()} CPUs; {max_tokens}-token replies, {rounds} waves per level"
+        )
         self.stdout.write(
             "| streams | replies | client TTFT p50 / p99 ms | engine TTFT p50 / p99 ms | "
             "added p50 / p99 ms | added p50 per round: median [min-max] ms |"
