@@ -297,3 +297,13 @@ def test_transaction_rolls_back_completion_when_admission_refuses(alice, setting
     with pytest.raises(AdmissionRefused), transaction.atomic():
         completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
     assert not Conversation.objects.exists()
+
+
+def test_request_id_is_on_redirects_and_csrf_failures_too(alice):
+    from django.test import Client
+
+    assert Client().get("/settings/api-keys")["x-request-id"]  # APPEND_SLASH redirect
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    refused = strict.post("/settings/api-keys/", {"name": "x"})
+    assert refused.status_code == 403 and refused["x-request-id"]
