@@ -5,7 +5,8 @@ Celery task and engine, same :class:`~billing.models.UsageRecord` ledger.
 A completion is stored as a conversation holding the request's messages and one queued assistant reply
 carrying the request's sampling parameters (``Message.sampling``). Unless the request said ``store: true``
 the conversation has ``stored=False``: selectors hide it from history, and it is deleted once its reply ends
-(:func:`conversations.generations.generation_finish`) or is cancelled before it started; usage stays.
+(:func:`conversations.generations.generation_finish`), is cancelled before it started, or is reaped as
+interrupted; usage stays.
 """
 
 from collections.abc import Callable

@@ -264,7 +264,9 @@ def generations_reap_interrupted(
                 error="The worker generating this reply stopped. Retry to generate it again.",
                 updated_at=timezone.now(),
             ):
-                message = Message.objects.get(pk=message_id)
+                message = Message.objects.select_related("conversation").get(pk=message_id)
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
+                if not message.conversation.stored:  # an unstored API completion: nothing to retry
+                    message.conversation.delete()
                 reaped.append(message_id)
     return reaped

@@ -307,3 +307,11 @@ def test_request_id_is_on_redirects_and_csrf_failures_too(alice):
     strict.force_login(alice)
     refused = strict.post("/settings/api-keys/", {"name": "x"})
     assert refused.status_code == 403 and refused["x-request-id"]
+
+
+def test_reaped_unstored_completion_is_deleted(alice, redis_clean):
+    reply = completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
+    generations.generation_start(message_id=reply.id)
+    reaped = generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=-1)
+    assert reaped == [reply.id]
+    assert not Conversation.objects.filter(pk=reply.conversation_id).exists()
