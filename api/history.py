@@ -11,6 +11,7 @@ from ninja.errors import HttpError
 from ninja.security import django_auth
 
 from api.auth import ApiKeyBearer
+from api.dbconn import closes_connections
 from conversations.selectors import conversation_get_for_user, conversation_page_for_user, message_page
 from conversations.services import conversation_delete, conversation_rename
 
@@ -82,6 +83,7 @@ def _page_out(page) -> dict:
 
 
 @history_api.get("/conversations", response=ConversationPage, summary="List conversations, newest first")
+@closes_connections
 def list_conversations(request, page: int = 1, per_page: int = 30):
     return _page_out(
         conversation_page_for_user(user=request.user, page_number=page, per_page=_per_page(per_page))
@@ -93,6 +95,7 @@ def list_conversations(request, page: int = 1, per_page: int = 30):
     response=ConversationDetail,
     summary="A conversation with its messages",
 )
+@closes_connections
 def get_conversation(request, conversation_id: int, page: int = 1, per_page: int = 50):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     messages = message_page(conversation=conversation, page_number=page, per_page=_per_page(per_page))
@@ -109,6 +112,7 @@ def get_conversation(request, conversation_id: int, page: int = 1, per_page: int
 @history_api.patch(
     "/conversations/{conversation_id}", response=ConversationOut, summary="Rename a conversation"
 )
+@closes_connections
 def rename_conversation(request, conversation_id: int, payload: RenameIn):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     try:
@@ -118,6 +122,7 @@ def rename_conversation(request, conversation_id: int, payload: RenameIn):
 
 
 @history_api.delete("/conversations/{conversation_id}", response={204: None}, summary="Delete a conversation")
+@closes_connections
 def delete_conversation(request, conversation_id: int):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     conversation_delete(conversation=conversation)

@@ -17,7 +17,6 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import connections
 from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -25,6 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 from api import chunks
 from api.auth import user_for_request
 from api.chat_request import ChatRequest, parse_chat_request
+from api.dbconn import close_request_connections
 from api.errors import ApiError, from_admission, invalid, model_not_found, rate_limit_headers
 from api.follow import ReplyLost, reply_frames
 from conversations import broadcast
@@ -102,16 +102,8 @@ def _failure(done: dict) -> ApiError:
 
 
 async def _close_db() -> None:
-    """Close this request's database connections. Under ASGI every request runs its sync code in a thread of
-    its own (asgiref's ThreadSensitiveContext), so a persistent connection (``CONN_MAX_AGE`` > 0) would be
-    left open by each request instead of being reused (Django ticket #33497)."""
-    await sync_to_async(_close_connections)()
-
-
-def _close_connections() -> None:
-    for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:  # a test's wrapping transaction stays open
-            conn.close()
+    """Close this request's database connections (see api/dbconn.py)."""
+    await sync_to_async(close_request_connections)()
 
 
 async def _cancel(user, message_id: int) -> None:
