@@ -3,6 +3,7 @@ from django.contrib.staticfiles.storage import staticfiles_storage
 from django.http import HttpResponsePermanentRedirect
 from django.urls import include, path
 
+from api.urls import history_urls, settings_urlpatterns, v1_urlpatterns
 from conversations.share_views import share_view
 from conversations.views import home
 
@@ -19,4 +20,8 @@ urlpatterns = [
     path("chat/", include("conversations.urls")),
     path("s/<str:token>/", share_view, name="share_view"),
     path("admin/", admin.site.urls),
+    # OpenAI-compatible API, history JSON API and the API keys page (issue 10)
+    path("v1/", include((v1_urlpatterns, "v1"))),
+    path("api/", history_urls),
+    path("settings/", include((settings_urlpatterns, "api"))),
 ]

@@ -38,7 +38,7 @@ def export_one(request, conversation_id: int):
 @login_required
 def export_all(request):
     """GET ``?format=json|md``: every conversation of the user as one download."""
-    conversations = Conversation.objects.filter(owner=request.user).order_by("created_at", "id")
+    conversations = Conversation.objects.filter(owner=request.user, stored=True).order_by("created_at", "id")
     stamp = timezone.now().strftime("%Y%m%d")
     return _export(conversations, fmt=request.GET.get("format", "json"), stem=f"chatsite-export-{stamp}")
 

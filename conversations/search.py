@@ -47,7 +47,7 @@ def search_for_user(*, user, query: str, limit: int = 50) -> list[SearchHit]:
         return []
     ts_query = SearchQuery(query, config=CONFIG, search_type="websearch")
     titles = (
-        Conversation.objects.filter(owner=user)
+        Conversation.objects.filter(owner=user, stored=True)
         .annotate(match=SearchVector("title", config=CONFIG))
         .filter(match=ts_query)
         .annotate(headline=SearchHeadline("title", ts_query, config=CONFIG, start_sel=_START, stop_sel=_STOP))
@@ -56,7 +56,7 @@ def search_for_user(*, user, query: str, limit: int = 50) -> list[SearchHit]:
     hits = [SearchHit(c.id, c.title, None, "", _highlight(c.headline)) for c in titles]
     vector = SearchVector("content", config=CONFIG)
     messages = (
-        Message.objects.filter(conversation__owner=user)
+        Message.objects.filter(conversation__owner=user, conversation__stored=True)
         .annotate(match=vector)
         .filter(match=ts_query)
         .annotate(
