@@ -17,7 +17,7 @@ from django.db import transaction
 from conversations import generations
 from conversations.admission import admission_check
 from conversations.models import Conversation, Message
-from conversations.services import conversation_touch, title_from_content
+from conversations.services import conversation_touch, message_create, title_from_content
 
 
 def completion_request(
@@ -48,16 +48,19 @@ def completion_request(
             system_prompt=system_prompt,
             stored=store,
         )
+        # Through message_create: each turn follows the previous one on the branch tree (issue 12), so the
+        # reply's context (its ancestors) holds every turn of the request.
         for turn in turns:
-            Message.objects.create(conversation=conversation, role=turn["role"], content=turn["content"])
-        reply = Message.objects.create(
+            message_create(conversation=conversation, role=turn["role"], content=turn["content"])
+        reply = message_create(
             conversation=conversation,
             role=Message.Role.ASSISTANT,
             content="",
             status=Message.Status.QUEUED,
             model_name=model,
-            sampling=sampling or None,
         )
+        reply.sampling = sampling or None
+        reply.save(update_fields=["sampling"])
         conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)
