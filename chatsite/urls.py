@@ -8,4 +8,5 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("chat/", include("conversations.urls")),
     path("admin/", admin.site.urls),
+    path("", include("observability.urls")),  # /healthz /readyz /metrics /ops/fleet/
 ]

@@ -47,3 +47,20 @@ def models_for_tier(tier) -> list[str]:
         if name and name in settings.INFERENCE_MODELS and name not in seen:
             seen.append(name)
     return seen
+
+
+def model_version(name: str | None = None) -> str:
+    """The version string of a registered model (``INFERENCE_MODELS[name]["version"]``; ``""`` when none).
+    ``INFERENCE_MODEL_VERSION`` overrides it for this process, so two workers can serve the same weights
+    under two versions (blue-green tests and canaries)."""
+    name = name or settings.INFERENCE_DEFAULT_MODEL
+    override = getattr(settings, "INFERENCE_MODEL_VERSION", "")
+    if override:
+        return override
+    return str(settings.INFERENCE_MODELS.get(name, {}).get("version", ""))
+
+
+def queue_for(model_name: str, version: str = "") -> str:
+    """Broker queue of a model's replies: ``inference.<model>``, or ``inference.<model>@<version>`` for the
+    replies pinned to one version during a rollout."""
+    return f"inference.{model_name}@{version}" if version else f"inference.{model_name}"

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "observability",
 ]
 
 MIDDLEWARE = [
@@ -128,6 +129,7 @@ INFERENCE_MODELS = {
         "gguf_file": env("SMOLLM2_GGUF_FILE", default="SmolLM2-135M-Instruct.Q4_1.gguf"),
         "dtype": env("INFERENCE_DTYPE", default="bfloat16"),
         "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
+        "version": env("SMOLLM2_VERSION", default=""),
     },
 }
 MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "models")))
@@ -143,13 +145,28 @@ ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
-}
+# --- Observability and fleet operations (issue 11) ---
+# Structured logs: "text" or "json" (one object per line with request_id, message_id, user_id, trace_id).
+LOG_FORMAT = env("LOG_FORMAT", default="text")
+from observability.logs import logging_config  # noqa: E402  (no Django imports in there)
+
+LOGGING = logging_config(log_format=LOG_FORMAT, level=env("LOG_LEVEL", default="INFO"))
+# Version of the default model this process serves (overrides INFERENCE_MODELS[...]["version"]).
+INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
+# Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
+_metrics_port = env("METRICS_WORKER_PORT", default="9101")
+METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
+METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="0.0.0.0")
+# Web /metrics: allowed with this bearer token, or from these networks (CIDR).
+METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.1/32", "::1/128"])
+# OpenTelemetry: exporter none | console | otlp | jsonfile (OTEL_TRACES_FILE); OTLP reads OTEL_EXPORTER_OTLP_*.
+OTEL_TRACES_EXPORTER = env("OTEL_TRACES_EXPORTER", default="none")
+if OTEL_TRACES_EXPORTER not in ("none", "console", "otlp", "jsonfile"):
+    raise environ.ImproperlyConfigured("OTEL_TRACES_EXPORTER must be none, console, otlp or jsonfile")
+OTEL_TRACES_FILE = env("OTEL_TRACES_FILE", default="traces.jsonl")
+OTEL_SERVICE_NAME = env("OTEL_SERVICE_NAME", default="chatsite")
+OTEL_INSTRUMENT = env.list("OTEL_INSTRUMENT", default=["django", "celery", "psycopg", "redis"])
 
 # Chat sampling defaults for the browser (the API may override per request).
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
