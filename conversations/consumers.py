@@ -6,6 +6,7 @@ the socket, so closing the tab loses nothing and ``resume`` picks the stream up 
 
 import json
 import logging
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -16,6 +17,8 @@ from conversations import broadcast, generations
 from conversations.admission import AdmissionRefused
 from conversations.protocol import RegenerateFrame, ResumeFrame, SendFrame, StopFrame, parse_client_frame
 from conversations.selectors import message_get_for_user
+from observability import metrics, tracing
+from observability.logs import log_context, new_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
+        # message id -> perf_counter at its send frame, until its first token frame goes out (pipeline
+        # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
+        self.sent_at: dict[int, float] = {}
+        self.client_ttft: dict[int, float] = {}
+        metrics.WS_OPEN.inc()
+        self.counted_open = True
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
@@ -39,6 +48,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.user_group, self.channel_name)
 
     async def disconnect(self, code):
+        if getattr(self, "counted_open", False):
+            metrics.WS_OPEN.dec()
+            self.counted_open = False
         if getattr(self, "user_group", None):
             await self.channel_layer.group_discard(self.user_group, self.channel_name)
         for message_id in getattr(self, "watching", ()):
@@ -51,6 +63,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return None
 
     async def receive_json(self, content, **kwargs):
+        metrics.observe_ws_frame("in", content)
+        user_id = self.user.pk if self.user is not None and self.user.is_authenticated else None
+        with log_context(request_id=new_request_id(), user_id=user_id):
+            await self._receive_frame(content)
+
+    async def _receive_frame(self, content):
         try:
             frame = parse_client_frame(content)
         except ValidationError as exc:
@@ -75,9 +93,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("not_found", str(exc) or "Not found.")
 
     async def handle_send(self, frame: SendFrame):
-        ticket = await database_sync_to_async(generations.reply_request)(
-            user=self.user, conversation_id=frame.conversation_id, content=frame.content
-        )
+        started = time.perf_counter()
+        # The root span of the reply's trace; the Celery task carries its context to the worker.
+        with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
+            ticket = await database_sync_to_async(generations.reply_request)(
+                user=self.user, conversation_id=frame.conversation_id, content=frame.content
+            )
+        self.sent_at[ticket.message.id] = started
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
@@ -127,7 +149,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def chat_frame(self, event):
         """Channel-layer handler: forward a published frame to the browser."""
-        await self.send_json(event["frame"])
+        frame = event["frame"]
+        await self.send_json(frame)
+        self.observe_overhead(frame)
+
+    def observe_overhead(self, frame):
+        """Pipeline overhead = client-visible TTFT (send frame in -> first token frame out on this socket)
+        minus the engine's TTFT, which the done frame brings."""
+        message_id = frame.get("message_id")
+        if frame.get("type") == "token" and message_id in self.sent_at:
+            self.client_ttft[message_id] = time.perf_counter() - self.sent_at.pop(message_id)
+        elif frame.get("type") == "done":
+            self.sent_at.pop(message_id, None)
+            client_ttft = self.client_ttft.pop(message_id, None)
+            if client_ttft is not None and frame.get("ttft_ms") is not None:
+                metrics.PIPELINE_OVERHEAD.observe(max(0.0, client_ttft - frame["ttft_ms"] / 1000))
+
+    async def send_json(self, content, close=False):
+        metrics.observe_ws_frame("out", content)
+        await super().send_json(content, close=close)
 
     async def user_event(self, event):
         """Channel-layer handler for the user's group: forward the frame; ``session_ended`` also closes."""

@@ -20,10 +20,11 @@ from django.utils import timezone
 
 from billing.services import usage_record_create
 from conversations import broadcast
-from conversations.admission import admission_check
+from conversations.admission import AdmissionRefused, admission_check
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
+from observability import tracing
 
 GENERATE_TASK = "inference.generate_reply"
 
@@ -56,10 +57,32 @@ def queue_position(*, message: Message) -> int:
 
 
 def _dispatch(message: Message) -> None:
+    from observability.rollout import route_for
+
     tier = message.conversation.owner.tier
-    transaction.on_commit(
-        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=tier.queue_name)
+    # Under a blue-green rollout the reply is pinned to a version's queue (observability.rollout).
+    queue, version = route_for(
+        model_name=message.model_name, message_id=message.id, default_queue=tier.queue_name
     )
+    if version:
+        message.model_version = version
+        message.save(update_fields=["model_version", "updated_at"])
+    transaction.on_commit(lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=queue))
+
+
+def _admit(*, user) -> None:
+    """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals)."""
+    from observability import metrics, refusals, tracing
+
+    tier = user.tier.name
+    with tracing.span("admission", tier=tier):
+        try:
+            admission_check(user=user)
+        except AdmissionRefused as exc:
+            metrics.observe_admission(tier=tier, refused_code=exc.code)
+            refusals.refusal_record(tier=tier, reason=exc.code)
+            raise
+    metrics.observe_admission(tier=tier)
 
 
 def _queue_reply(*, conversation: Conversation) -> Message:
@@ -92,12 +115,12 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
         raise GenerationError(
             "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
         )
-    with transaction.atomic():
+    with tracing.span("db.transaction"), transaction.atomic():
         if conversation_id is None:
             conversation = conversation_create(owner=user, title=title_from_content(content))
         else:
             conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        admission_check(user=user)
+        _admit(user=user)
         user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
         assistant = _queue_reply(conversation=conversation)
     return ReplyTicket(
@@ -111,7 +134,7 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
 
     Raises ``GenerationError`` when there is nothing to answer or a reply is still active.
     """
-    with transaction.atomic():
+    with tracing.span("db.transaction"), transaction.atomic():
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
         newest = conversation.messages.order_by("-created_at", "-id").first()
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
@@ -120,7 +143,7 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
             raise GenerationError(
                 "too_many_generations", "A reply is still being generated in this conversation."
             )
-        admission_check(user=user)
+        _admit(user=user)
         if newest.role == Message.Role.ASSISTANT:
             newest.delete()
         assistant = _queue_reply(conversation=conversation)
@@ -155,11 +178,15 @@ def reply_for_resume(*, user, message_id: int) -> Message:
 # --- worker side ---------------------------------------------------------------------------------------------
 
 
-def generation_start(*, message_id: int) -> Message | None:
-    """Claim a queued reply for generation (``queued -> streaming``). None when it is no longer queued
-    (cancelled meanwhile, or a redelivered task whose reply already ended)."""
+def generation_start(*, message_id: int, trace_id: str = "", model_version: str = "") -> Message | None:
+    """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
+    version of the worker that generates it. None when it is no longer queued (cancelled meanwhile, or a
+    redelivered task whose reply already ended)."""
     claimed = Message.objects.filter(pk=message_id, status=Message.Status.QUEUED).update(
-        status=Message.Status.STREAMING, updated_at=timezone.now()
+        status=Message.Status.STREAMING,
+        updated_at=timezone.now(),
+        trace_id=trace_id,
+        model_version=model_version,
     )
     if not claimed:
         return None

@@ -5,6 +5,7 @@ streams the engine's deltas through ``conversations.broadcast`` and persists the
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 
@@ -19,6 +20,9 @@ from conversations.generations import (
 from conversations.models import Message
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
+from observability import tracing
+from observability.logs import log_context
+from observability.metrics import ReplyTimer
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +48,17 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
     """Generate, stream and store one queued reply. Returns the final status, or ``"skipped"`` when the
     reply was no longer queued (stopped before it started, or a redelivered task)."""
     host = host or get_host()
-    message = generation_start(message_id=message_id)
-    if message is None:
-        return "skipped"
-    with host.track(message.id) as request_id:
+    with log_context(message_id=message_id), tracing.span("generation", message_id=message_id):
+        message = generation_start(
+            message_id=message_id, trace_id=tracing.current_trace_id(), model_version=host.model_version
+        )
+        if message is None:
+            return "skipped"
+        return _run(host, message)
+
+
+def _run(host: WorkerHost, message: Message) -> str:
+    with log_context(user_id=message.conversation.owner_id), host.track(message.id) as request_id:
         try:
             return _generate(host, message, request_id)
         except ContextTooLong as exc:
@@ -72,20 +83,23 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
 def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     engine = host.engine
     tier = message.conversation.owner.tier
-    system_prompt, turns = generation_history(message=message)
-    context_limit = min(tier.max_context_tokens, engine.context_length)
-    max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
-    context = assemble_context(
-        system_prompt=system_prompt,
-        history=turns,
-        budget_tokens=context_limit - max_new_tokens,
-        tokenize=engine.render_chat,
-    )
-    generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+    with tracing.span("context.assembly"):
+        system_prompt, turns = generation_history(message=message)
+        context_limit = min(tier.max_context_tokens, engine.context_length)
+        max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
+        context = assemble_context(
+            system_prompt=system_prompt,
+            history=turns,
+            budget_tokens=context_limit - max_new_tokens,
+            tokenize=engine.render_chat,
+        )
+        generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
 
+    timer = ReplyTimer(model=host.model_name, tier=tier.name)
+    submitted_ns = time.time_ns()
     handle = engine.submit(
         context.prompt_token_ids,
         sampling_for(max_new_tokens=max_new_tokens),
@@ -96,14 +110,53 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     if broadcast.cancel_requested(message.id):
         handle.cancel()
     final: FinishEvent | None = None
-    for event in handle.events():
-        if isinstance(event, TokenEvent):
-            broadcast.publish(
-                message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
-            )
-        else:
-            final = event
+    with tracing.quiet():  # one Redis span per delta would drown the trace
+        for event in handle.events():
+            if isinstance(event, TokenEvent):
+                timer.token(len(event.token_ids))
+                broadcast.publish(
+                    message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
+                )
+            else:
+                final = event
     assert final is not None, "the engine ends every request with a FinishEvent"
+    t = final.timings
+    timer.finish(
+        finish_reason=final.finish_reason,
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        queue_ms=t.queue_ms,
+        ttft_ms=t.ttft_ms,
+        total_ms=t.total_ms,
+    )
+    _record_engine_spans(submitted_ns, t)
+    logger.info(
+        "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",
+        final.finish_reason,
+        final.usage.prompt_tokens,
+        final.usage.completion_tokens,
+        round(t.ttft_ms) if t.ttft_ms is not None else "-",
+        t.total_ms,
+    )
+    with tracing.span("generation.final_write"):
+        return _finish(message, final)
+
+
+def _record_engine_spans(submitted_ns: int, t) -> None:
+    """Engine stages as spans, from the finish event's timings (ms since submit)."""
+    ms = 1_000_000
+    admitted = submitted_ns + int(t.queue_ms * ms)
+    end = submitted_ns + int(t.total_ms * ms)
+    tracing.record_span("engine.queue_wait", submitted_ns, admitted)
+    if t.ttft_ms is None:
+        tracing.record_span("engine.prefill", admitted, end)
+        return
+    first = submitted_ns + int(t.ttft_ms * ms)
+    tracing.record_span("engine.prefill", admitted, first, first_token_ns=first)
+    tracing.record_span("engine.decode", first, end)
+
+
+def _finish(message: Message, final: FinishEvent) -> str:
     return generation_finish(
         message=message,
         status=STATUS_BY_FINISH[final.finish_reason],

@@ -1,7 +1,9 @@
 """Celery tasks of the GPU workers. Thin: parse, call the adapter."""
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
+
+from observability import workerops  # registers the chatsite_mark_draining remote-control command
 
 
 @shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True)
@@ -21,4 +23,7 @@ def load_engine_at_start(sender=None, **kwargs):
         queues = [q.name for q in sender.task_consumer.queues]
     except AttributeError:
         queues = []
-    get_host(queues=queues)
+    workerops.on_worker_ready(sender, get_host(queues=queues))
+
+
+worker_shutting_down.connect(workerops.on_worker_shutting_down)

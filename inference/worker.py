@@ -27,7 +27,7 @@ from conversations import broadcast
 from conversations.generations import generations_reap_interrupted
 from inference import fleet
 from inference.engine import LLMEngine
-from inference.registry import engine_config, model_spec
+from inference.registry import engine_config, model_spec, model_version
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ class WorkerHost:
         self.queues = list(queues)
         self.started_at = time.time()
         self.draining = False
+        self.metrics_port = 0  # set by observability.workerops when the metrics endpoint is up
+        self.node = ""  # Celery node name
         self._decode_samples: list[tuple[float, int]] = []
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -109,6 +111,8 @@ class WorkerHost:
             pending_prompt_tokens=getattr(load, "pending_prefill_tokens", 0),
             pending_reply_tokens=getattr(load, "pending_decode_tokens", 0),
             active_replies=active,
+            metrics_port=self.metrics_port,
+            node=self.node,
         )
 
     @contextmanager
@@ -198,6 +202,8 @@ def get_host(*, queues: list[str] | None = None) -> WorkerHost:
             started = time.monotonic()
             spec = model_spec()
             engine = LLMEngine.from_spec(spec, engine_config(), settings.MODEL_CACHE_DIR)
-            _host = WorkerHost(engine, model_name=spec.name, queues=queues or []).start()
+            _host = WorkerHost(
+                engine, model_name=spec.name, model_version=model_version(spec.name), queues=queues or []
+            ).start()
             logger.info("engine ready in %.1f s", time.monotonic() - started)
         return _host
