@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inference import fleet
-from observability import health, refusals, selectors
+from observability import health, metrics, refusals, selectors
 
 
 @never_cache
@@ -60,6 +60,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
             status=403,
             content_type="text/plain",
         )
+    assert metrics.WS_OPEN is not None  # the web metrics are registered by importing the module
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
