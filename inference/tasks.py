@@ -1,7 +1,7 @@
 """Celery tasks of the GPU workers. Thin: parse, call the adapter."""
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from observability import workerops  # registers the chatsite_mark_draining remote-control command
 
@@ -27,3 +27,4 @@ def load_engine_at_start(sender=None, **kwargs):
 
 
 worker_shutting_down.connect(workerops.on_worker_shutting_down)
+worker_shutdown.connect(workerops.on_worker_shutdown)

@@ -69,6 +69,14 @@ def on_worker_shutting_down(**_) -> None:
         logger.info("shutting down: draining %d active reply(ies)", mark_draining(worker._host))
 
 
+def on_worker_shutdown(**_) -> None:
+    """Celery ``worker_shutdown`` (after running tasks finished): leave the fleet at once, stop the engine."""
+    from inference import worker
+
+    if worker._host is not None:
+        worker._host.shutdown()
+
+
 @control_command()
 def chatsite_mark_draining(state):
     """Remote control: flag this worker as draining. Replies ``{"ok": worker_id, "active_replies": n}``."""
