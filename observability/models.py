@@ -7,9 +7,9 @@ from django.db import models
 class ModelRollout(models.Model):
     """One row per registered model name under rollout.
 
-    ``percent`` of new replies (0..100) go to ``candidate_version``, the rest to ``stable_version``; a
-    reply's share is decided by its message id (``id % 100 < percent``), so consecutive replies spread
-    evenly and a decision is reproducible. Set with ``manage.py rollout``."""
+    ``percent`` of new replies (0..100) go to ``candidate_version``, the rest to ``stable_version``, spread
+    evenly over consecutive replies (``observability.rollout.takes_candidate``). Set with
+    ``manage.py rollout``."""
 
     model_name = models.CharField(max_length=100, unique=True)
     stable_version = models.CharField(max_length=64, blank=True, default="")

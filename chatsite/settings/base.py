@@ -151,6 +151,8 @@ LOG_FORMAT = env("LOG_FORMAT", default="text")
 from observability.logs import logging_config  # noqa: E402  (no Django imports in there)
 
 LOGGING = logging_config(log_format=LOG_FORMAT, level=env("LOG_LEVEL", default="INFO"))
+# Workers log through the same LOGGING (JSON lines with the ids) instead of Celery's own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Version of the default model this process serves (overrides INFERENCE_MODELS[...]["version"]).
 INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
 # Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).

@@ -19,7 +19,7 @@ from inference.registry import queue_for
 from observability import health, refusals
 from observability.management.commands.drain import Command as Drain
 from observability.models import ModelRollout
-from observability.rollout import rollout_set, route_for
+from observability.rollout import rollout_set, route_for, takes_candidate
 
 pytestmark = pytest.mark.django_db
 MODEL = "smollm2-135m-instruct"
@@ -114,11 +114,19 @@ def test_refusal_is_counted_by_tier_and_reason_and_nothing_is_stored(alice, redi
     assert not Message.objects.exists()
 
 
-def test_rollout_at_50_percent_pins_consecutive_replies_to_both_versions():
+def test_rollout_split_is_exact_and_even_over_consecutive_replies():
+    for percent in (0, 1, 10, 33, 50, 100):
+        assert sum(takes_candidate(n, percent) for n in range(1000)) == 10 * percent
+    assert [takes_candidate(n, 50) for n in range(4)] == [False, True, False, True]
+    assert [n for n in range(30) if takes_candidate(n, 10)] == [9, 19, 29]
+
+
+def test_rollout_at_50_percent_pins_consecutive_replies_to_both_versions(redis_clean):
     rollout_set(model_name=MODEL, to_version="v2", percent=50, stable_version="v1")
     routes = [
-        route_for(model_name=MODEL, message_id=i, default_queue="inference.free") for i in range(1000, 1100)
+        route_for(model_name=MODEL, message_id=i, default_queue="inference.free") for i in range(0, 200, 2)
     ]
+    assert [v for _, v in routes[:4]] == ["v1", "v2", "v1", "v2"]
     assert sum(1 for _, v in routes if v == "v2") == 50
     assert {q for q, _ in routes} == {queue_for(MODEL, "v1"), queue_for(MODEL, "v2")}
     rollout_set(model_name=MODEL, to_version="v2", percent=0)

@@ -207,8 +207,7 @@ def test_rollout_at_50_percent_reaches_both_versions(blue_green, users):
         ModelRollout.objects.all().delete()
     assert [m.status for m in replies] == ["completed"] * 4
     versions = [m.model_version for m in replies]
-    assert sorted(versions) == ["blue", "blue", "green", "green"]  # consecutive ids alternate at 50 %
-    assert all(m.model_version == ("green" if m.id % 100 < 50 else "blue") for m in replies)
+    assert sorted(versions) == ["blue", "blue", "green", "green"]  # consecutive replies alternate at 50 %
 
 
 def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
