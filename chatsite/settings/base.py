@@ -45,6 +45,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
 ]
 
 ROOT_URLCONF = "chatsite.urls"

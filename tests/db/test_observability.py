@@ -209,3 +209,11 @@ def test_drain_waits_for_active_replies_and_reports_leftovers(redis_clean):
     assert drain.wait_idle(status, timeout=0.2, poll_s=0.05) == 0
     fleet.unpublish(status.worker_id, client=redis_clean)
     assert drain.active_replies(status) is None
+
+
+def test_api_requests_are_counted_by_status(client):
+    before = REGISTRY.get_sample_value("chatsite:api_requests_total", {"status": "404"}) or 0
+    client.get("/v1/no-such-endpoint")
+    client.get("/healthz")  # outside /v1/: not counted
+    assert REGISTRY.get_sample_value("chatsite:api_requests_total", {"status": "404"}) == before + 1
+    assert REGISTRY.get_sample_value("chatsite:api_requests_total", {"status": "200"}) is None
