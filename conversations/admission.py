@@ -29,12 +29,10 @@ class AdmissionRefused(Exception):
         return self.message
 
 
-def queue_depth(*, queue_name: str) -> int:
-    """Generations queued or streaming on one tier queue (all users)."""
+def queue_depth(*, model_name: str) -> int:
+    """Generations queued or streaming for one model (all users)."""
     return Message.objects.filter(
-        role=Message.Role.ASSISTANT,
-        status__in=Message.ACTIVE_STATUSES,
-        conversation__owner__tier__queue_name=queue_name,
+        role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES, model_name=model_name
     ).count()
 
 
@@ -54,7 +52,7 @@ def admission_check(*, user) -> None:
             f"You have used today's {tier.tokens_per_day} tokens; the quota resets at midnight.",
             retry_after=seconds_until_tomorrow(),
         )
-    if queue_depth(queue_name=tier.queue_name) >= settings.ADMISSION_MAX_QUEUED:
+    if queue_depth(model_name=tier.model_name) >= settings.ADMISSION_MAX_QUEUED:
         raise AdmissionRefused(
             "busy", "The service is busy right now.", retry_after=settings.ADMISSION_RETRY_AFTER_S
         )

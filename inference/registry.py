@@ -27,6 +27,44 @@ def model_spec(name: str | None = None) -> ModelSpec:
     )
 
 
+def queue_for(model_name: str, version: str = "") -> str:
+    """The broker queue whose workers serve ``model_name``: ``inference.<model_name>`` (declared with
+    ``x-max-priority`` in ``settings.CELERY_TASK_QUEUES`` for every registered model), or
+    ``inference.<model_name>@<version>`` for the replies pinned to one version during a blue-green rollout
+    (declared the same way by :func:`declare_queue`)."""
+    return f"inference.{model_name}@{version}" if version else f"inference.{model_name}"
+
+
+def queue_options(name: str) -> dict:
+    """Keyword arguments of ``kombu.Queue`` for an inference queue: the direct ``inference`` exchange and
+    ``x-max-priority``, as in ``settings.CELERY_TASK_QUEUES`` (a queue must be declared identically by
+    producers and consumers)."""
+    from kombu import Exchange
+
+    return {
+        "exchange": Exchange("inference", type="direct"),
+        "routing_key": name,
+        "queue_arguments": {"x-max-priority": settings.INFERENCE_QUEUE_MAX_PRIORITY},
+    }
+
+
+def declare_queue(name: str) -> str:
+    """Make the Celery app know queue ``name`` with :func:`queue_options` (for version queues, which are not
+    in ``CELERY_TASK_QUEUES``); returns ``name``."""
+    from celery import current_app
+    from kombu import Queue
+
+    queues = current_app.amqp.queues
+    if name not in queues:
+        queues.add(Queue(name, **queue_options(name)))
+    return name
+
+
+def task_priority(queue_priority: int) -> int:
+    """A tier's ``queue_priority`` as an AMQP message priority, clamped to 0..INFERENCE_QUEUE_MAX_PRIORITY."""
+    return max(0, min(int(queue_priority), settings.INFERENCE_QUEUE_MAX_PRIORITY))
+
+
 def engine_config() -> EngineConfig:
     """Engine limits from settings (``INFERENCE_*``)."""
     return EngineConfig(
@@ -58,9 +96,3 @@ def model_version(name: str | None = None) -> str:
     if override:
         return override
     return str(settings.INFERENCE_MODELS.get(name, {}).get("version", ""))
-
-
-def queue_for(model_name: str, version: str = "") -> str:
-    """Broker queue of a model's replies: ``inference.<model>``, or ``inference.<model>@<version>`` for the
-    replies pinned to one version during a rollout."""
-    return f"inference.{model_name}@{version}" if version else f"inference.{model_name}"

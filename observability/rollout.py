@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from conversations import broadcast
-from inference.registry import model_version, queue_for
+from inference.registry import declare_queue, model_version, queue_for
 from observability.models import ModelRollout
 
 
@@ -46,7 +46,7 @@ def route_for(*, model_name: str, message_id: int, default_queue: str) -> tuple[
     version = version_for(model_name=model_name, message_id=message_id)
     if version is None:
         return default_queue, ""
-    return queue_for(model_name, version), version
+    return declare_queue(queue_for(model_name, version)), version
 
 
 def rollout_set(

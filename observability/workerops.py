@@ -23,7 +23,7 @@ from celery.worker.control import control_command
 from django.conf import settings
 
 from inference import fleet
-from inference.registry import queue_for
+from inference.registry import queue_for, queue_options
 from observability import metrics
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,14 @@ def on_worker_ready(consumer, host) -> None:
     if host.model_version:
         queue = queue_for(host.model_name, host.model_version)
         if queue not in host.queues:
-            consumer.add_task_queue(queue)
+            options = queue_options(queue)
+            consumer.add_task_queue(
+                queue,
+                exchange=options["exchange"].name,
+                exchange_type="direct",
+                routing_key=options["routing_key"],
+                queue_arguments=options["queue_arguments"],
+            )
             host.queues.append(queue)
             logger.info("consuming version queue %s", queue)
     metrics.register_engine(host)

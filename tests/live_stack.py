@@ -110,7 +110,9 @@ def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
     started = []
 
     def start(
-        name: str = "itest", queues: str = "inference.paid,inference.free", env: dict | None = None
+        name: str = "itest",
+        queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}",
+        env: dict | None = None,
     ) -> WorkerProcess:
         log = tmp_path_factory.mktemp("worker") / f"{name}.log"
         worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues, env)

@@ -2,7 +2,6 @@
 fleet/drain/rollout commands' steps, with the real database and Redis."""
 
 import io
-import json
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from observability import health, refusals
 from observability.management.commands.drain import Command as Drain
 from observability.models import ModelRollout
 from observability.rollout import rollout_set, route_for, takes_candidate
+from tests.conftest import broker_take
 
 pytestmark = pytest.mark.django_db
 MODEL = "smollm2-135m-instruct"
@@ -32,7 +32,7 @@ def publish_worker(redis_client, **overrides):
         pid=123,
         model=MODEL,
         node="gpu@gpu-host",
-        queues=["inference.free"],
+        queues=[f"inference.{MODEL}"],
         started_at=time.time() - 60,
         ready=True,
         **overrides,
@@ -69,7 +69,7 @@ def test_readyz_names_an_unreachable_broker(client, redis_clean, settings, monke
     from celery import current_app
 
     publish_worker(redis_clean)
-    monkeypatch.setattr(current_app.conf, "broker_url", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(current_app.conf, "broker_url", "amqp://guest:guest@127.0.0.1:1//")
     response = client.get("/readyz")
     assert response.status_code == 503 and response.json()["failing"] == ["broker"]
 
@@ -154,10 +154,9 @@ def test_dispatch_under_rollout_records_the_version_and_uses_its_queue(
         ticket = generations.reply_request(user=alice, conversation_id=None, content="hello")
     ticket.message.refresh_from_db()
     assert ticket.message.model_version == "v2"
-    queued = [
-        json.loads(raw)["headers"]["argsrepr"] for raw in redis_clean.lrange(queue_for(MODEL, "v2"), 0, -1)
-    ]
-    assert queued == [f"[{ticket.message.id}]"]
+    free_priority = Tier.objects.get(name="free").queue_priority
+    assert broker_take(queue_for(MODEL, "v2")) == [([ticket.message.id], min(free_priority, 10))]
+    assert broker_take(queue_for(MODEL)) == []
 
 
 def test_rollout_command_rejects_bad_input_and_clears():
