@@ -65,12 +65,16 @@ def test_readyz_names_the_missing_worker_then_is_ready(client, redis_clean, monk
     assert response.status_code == 200 and response.json()["failing"] == []
 
 
-def test_readyz_names_an_unreachable_broker(client, redis_clean, settings, monkeypatch):
+def test_readyz_names_an_unreachable_broker(client, redis_clean, monkeypatch):
     from celery import current_app
+    from kombu import Connection
 
     publish_worker(redis_clean)
-    monkeypatch.setattr(current_app.conf, "broker_url", "amqp://guest:guest@127.0.0.1:1//")
-    response = client.get("/readyz")
+    with monkeypatch.context() as patch:  # undone before redis_clean purges the real broker
+        patch.setattr(
+            current_app, "connection_for_write", lambda: Connection("amqp://guest:guest@127.0.0.1:1//")
+        )
+        response = client.get("/readyz")
     assert response.status_code == 503 and response.json()["failing"] == ["broker"]
 
 
