@@ -16,6 +16,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.replies_summary(selectors.queued_by_tier(), selectors.active_replies_by_status())
         )
+        self.stdout.write(self.broker_summary(self.broker_depths()))
         for rollout in ModelRollout.objects.order_by("model_name"):
             self.stdout.write(f"rollout {rollout}")
 
@@ -38,6 +39,29 @@ class Command(BaseCommand):
                 f"{w.metrics_port or '-'}"
             )
         return "\n".join(lines)
+
+    @staticmethod
+    def broker_depths() -> dict[str, int | None]:
+        """Messages ready in each known inference queue (passive declare; ``None`` where it failed)."""
+        from celery import current_app
+
+        depths: dict[str, int | None] = {}
+        try:
+            with current_app.connection_for_write() as conn:
+                for name, queue in sorted(current_app.amqp.queues.items()):
+                    try:
+                        depths[name] = queue(conn.default_channel).queue_declare(passive=True).message_count
+                    except Exception:
+                        depths[name] = None
+        except Exception:
+            pass
+        return depths
+
+    @staticmethod
+    def broker_summary(depths: dict[str, int | None]) -> str:
+        """One line: messages waiting in each broker queue."""
+        parts = [f"{name}={'?' if n is None else n}" for name, n in depths.items()]
+        return "broker queues: " + (", ".join(parts) or "unreachable")
 
     @staticmethod
     def replies_summary(queued_by_tier: dict[str, int], active: dict[str, int]) -> str:
