@@ -20,8 +20,20 @@ class Command(BaseCommand):
         parser.add_argument("--new-tokens", type=int, default=128)
         parser.add_argument("--prompt-tokens", type=int, default=128)
         parser.add_argument("--rounds", type=int, default=3, help="rounds per mode")
+        parser.add_argument(
+            "--micro",
+            action="store_true",
+            help="time the per-token and per-reply observability work alone and relate it to --tokens-per-s",
+        )
+        parser.add_argument(
+            "--tokens-per-s", type=float, default=293.8, help="engine decode tok/s at N (README)"
+        )
+        parser.add_argument("--cores", type=int, default=2)
 
-    def handle(self, *args, n, new_tokens, prompt_tokens, rounds, **options):
+    def handle(self, *args, n, new_tokens, prompt_tokens, rounds, micro, tokens_per_s, cores, **options):
+        if micro:
+            self.micro(rounds=rounds, new_tokens=new_tokens, tokens_per_s=tokens_per_s, cores=cores)
+            return
         from inference.engine import LLMEngine, SamplingParams
         from inference.registry import engine_config, model_spec
 
@@ -47,6 +59,62 @@ class Command(BaseCommand):
             )
         off, on = statistics.median(results["off"]), statistics.median(results["on"])
         self.stdout.write(f"overhead: {(off - on) / off * 100:+.2f} % (median off vs on; N={n})")
+
+    def micro(self, *, rounds: int, new_tokens: int, tokens_per_s: float, cores: int) -> None:
+        """CPU cost of the adapter's observability per token (ITL observation) and per reply (finish
+        metrics + 7 spans, batch-exported as JSON), and of one scrape; expressed as a share of ``cores`` at
+        ``tokens_per_s`` decode throughput with ``new_tokens``-token replies and a scrape every 5 s."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        from observability.metrics import ReplyTimer
+
+        tracer = self.tracer()
+        per_token, per_reply, per_scrape = [], [], []
+        for _ in range(rounds):
+            timer = ReplyTimer(model="bench", tier="bench")
+            started = time.perf_counter()
+            for _ in range(100_000):
+                timer.token(1)
+            per_token.append((time.perf_counter() - started) / 100_000)
+            started = time.perf_counter()
+            for _ in range(2_000):
+                with tracer.start_as_current_span("generation"):
+                    for name in (
+                        "context.assembly",
+                        "engine.queue_wait",
+                        "engine.prefill",
+                        "engine.decode",
+                        "generation.final_write",
+                    ):
+                        tracer.start_span(name, start_time=time.time_ns()).end()
+                    timer.finish(
+                        finish_reason="length",
+                        prompt_tokens=128,
+                        completion_tokens=new_tokens,
+                        queue_ms=5.0,
+                        ttft_ms=50.0,
+                        total_ms=900.0,
+                    )
+            per_reply.append((time.perf_counter() - started) / 2_000)
+            started = time.perf_counter()
+            for _ in range(50):
+                generate_latest(REGISTRY)
+            per_scrape.append((time.perf_counter() - started) / 50)
+        tok, rep, scr = (statistics.median(v) for v in (per_token, per_reply, per_scrape))
+        for label, values, unit in (
+            ("per token", per_token, 1e6),
+            ("per reply", per_reply, 1e6),
+            ("per scrape", per_scrape, 1e6),
+        ):
+            self.stdout.write(
+                f"{label}: median {statistics.median(values) * unit:.2f} us "
+                f"[{min(values) * unit:.2f}-{max(values) * unit:.2f}] over {rounds} rounds"
+            )
+        cpu_per_s = tokens_per_s * tok + tokens_per_s / new_tokens * rep + scr / 5
+        self.stdout.write(
+            f"at {tokens_per_s} tok/s, {new_tokens}-token replies: {cpu_per_s * 1000:.2f} ms CPU "
+            f"per second = {cpu_per_s / cores * 100:.3f} % of {cores} cores"
+        )
 
     @staticmethod
     def tracer():
