@@ -28,6 +28,7 @@ from conversations.generations import generations_reap_interrupted
 from inference import fleet
 from inference.engine import LLMEngine
 from inference.registry import engine_config, model_spec, model_version
+from observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class WorkerHost:
             (self._reaper_loop, "reaper"),
             (self._publish_loop, "load-publisher"),
         ):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            threading.Thread(target=_untraced(target), name=name, daemon=True).start()
         return self
 
     def shutdown(self) -> None:
@@ -179,6 +180,17 @@ class WorkerHost:
                 reap_interrupted()
             except Exception:
                 logger.exception("reaper failed")
+
+
+def _untraced(target):
+    """Run a housekeeping loop with the tracing instrumentations off: a Redis or SQL span every second from
+    the heartbeat, publisher or reaper would be a trace of its own and bury the replies' traces."""
+
+    def run():
+        with tracing.quiet():
+            target()
+
+    return run
 
 
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
