@@ -26,6 +26,7 @@ from conversations.selectors import conversation_get_for_user, message_get_for_u
 from conversations.services import conversation_create, message_create, title_from_content
 from inference.registry import queue_for, task_priority
 from observability import tracing
+from observability.logs import current_field
 
 GENERATE_TASK = "inference.generate_reply"
 
@@ -72,8 +73,12 @@ def _dispatch(message: Message) -> None:
         message.model_version = version
         message.save(update_fields=["model_version", "updated_at"])
     priority = task_priority(message.conversation.owner.tier.queue_priority)
+    # The web request's id rides in the task headers so the worker's log lines carry it too.
+    headers = {"request_id": current_field("request_id")}
     transaction.on_commit(
-        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=queue, priority=priority)
+        lambda: current_app.send_task(
+            GENERATE_TASK, args=[message.id], queue=queue, priority=priority, headers=headers
+        )
     )
 
 

@@ -6,12 +6,15 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from observability import workerops  # registers the chatsite_mark_draining remote-control command
 
 
-@shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True)
-def generate_reply(message_id: int) -> str:
-    """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk)."""
+@shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True, bind=True)
+def generate_reply(self, message_id: int) -> str:
+    """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk). The web
+    request's ``request_id`` header goes into this task's log context."""
     from inference.adapter import run_generation
+    from observability.logs import log_context
 
-    return run_generation(message_id=int(message_id))
+    with log_context(request_id=getattr(self.request, "request_id", None) or None):
+        return run_generation(message_id=int(message_id))
 
 
 @worker_ready.connect

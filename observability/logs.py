@@ -32,6 +32,11 @@ def log_context(**fields) -> Iterator[None]:
         _context.reset(token)
 
 
+def current_field(name: str) -> str:
+    """The value of a :func:`log_context` field in this context (``""`` when unset)."""
+    return str((_context.get() or {}).get(name, ""))
+
+
 def new_request_id() -> str:
     """A fresh request id (32 hex digits)."""
     return uuid.uuid4().hex

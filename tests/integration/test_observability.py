@@ -12,6 +12,7 @@ a real daphne process, PostgreSQL, Redis and the broker.
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -172,6 +173,14 @@ async def test_worker_and_web_metrics_change_as_a_reply_streams(
         value(web_after, "chatsite:pipeline_overhead_seconds_count")
         == value(web_before, "chatsite:pipeline_overhead_seconds_count") + 1
     )
+    # One grep follows the reply: the worker's line carries the web request's id, the message id and trace id.
+    finished = [
+        line
+        for line in celery_worker.log_path.read_text().splitlines()
+        if "reply finished" in line and f"message_id={done['message_id']} " in line
+    ]
+    assert len(finished) == 1 and re.search(r"request_id=[0-9a-f]{32} ", finished[0]), finished
+    assert "Tell me about bread" not in celery_worker.log_path.read_text()  # no content at INFO
     # The socket closed after the reply.
     assert value(web_after, "chatsite:websocket_connections_open") == value(
         web_before, "chatsite:websocket_connections_open"
