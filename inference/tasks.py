@@ -2,11 +2,22 @@
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from django.db import InterfaceError, OperationalError
 
 from observability import workerops  # registers the chatsite_mark_draining remote-control command
 
 
-@shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True, bind=True)
+@shared_task(
+    name="inference.generate_reply",
+    acks_late=True,
+    ignore_result=True,
+    bind=True,
+    # PostgreSQL unreachable before the claim: try again shortly (the claim makes a retry harmless).
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=6,
+)
 def generate_reply(self, message_id: int) -> str:
     """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk). The web
     request's ``request_id`` header goes into this task's log context."""

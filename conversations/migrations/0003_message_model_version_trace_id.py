@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0001_initial'),
+        ('conversations', '0002_client_id_idempotency_keys'),
     ]
 
     operations = [
