@@ -115,6 +115,9 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         sampling_for(max_new_tokens=max_new_tokens),
         priority=tier.queue_priority,
         request_id=request_id,
+        # Per-user prefix-cache namespace: the next turn reuses this one's KV, and no other user's
+        # timing can reveal this user's text.
+        cache_salt=f"user:{message.conversation.owner_id}",
     )
     # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
     if broadcast.cancel_requested(message.id):

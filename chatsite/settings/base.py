@@ -155,6 +155,11 @@ INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
 INFERENCE_MAX_NUM_SEQS = env.int("INFERENCE_MAX_NUM_SEQS", default=32)
 INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=512)
 INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
+# Engine round 2 (issue 9): adaptive CPU threads under contention, priority ageing (0 = strict priority) and
+# the prefix cache (0 = off).
+INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
+INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
+INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
 # Admission control: how many generations may be queued or running per tier queue before new ones are refused.
 ADMISSION_MAX_QUEUED = env.int("ADMISSION_MAX_QUEUED", default=256)
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
