@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0002_client_id_idempotency_keys'),
+        ('conversations', '0003_api_completion_sampling_and_stored'),
     ]
 
     operations = [
