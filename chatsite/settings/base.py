@@ -4,6 +4,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 ``ImproperlyConfigured`` at start-up instead of silently falling back to a default.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -34,6 +35,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "axes",  # log-in throttling (issue 7)
 ]
 
 MIDDLEWARE = [
@@ -45,6 +47,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -176,3 +179,28 @@ LOGGING = {
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
 INFERENCE_TOP_P = env.float("INFERENCE_TOP_P", default=0.9)
 INFERENCE_REPETITION_PENALTY = env.float("INFERENCE_REPETITION_PENALTY", default=1.1)
+
+# Reliability and security (issue 7): WebSocket frame rate per socket, the queued-reply reaper, the final
+# write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).
+WS_FRAMES_PER_S = env.float("WS_FRAMES_PER_S", default=10.0)
+WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
+# A reply still `queued` this many seconds after its last dispatch is dispatched again (the claim makes a
+# duplicate delivery a no-op), so a broker message lost with a dying worker never strands a reply.
+QUEUED_REDISPATCH_S = env.float("QUEUED_REDISPATCH_S", default=20.0)
+# How long a worker keeps retrying a reply's final write while PostgreSQL is unreachable (seconds).
+GENERATION_FINISH_RETRY_S = env.float("GENERATION_FINISH_RETRY_S", default=60.0)
+# Log-in throttling (django-axes): after AXES_FAILURE_LIMIT failed log-ins for one account, or from one
+# client address, further attempts are refused (429, templates/registration/locked_out.html) for
+# AXES_COOLOFF_MINUTES. Admins unlock in /admin/axes/ or with `manage.py axes_reset[_username|_ip]`.
+AUTHENTICATION_BACKENDS = [
+    "accounts.backends.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_USERNAME_FORM_FIELD = "username"
+# The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
