@@ -35,6 +35,8 @@ from conversations.protocol import (
     parse_client_frame,
 )
 from conversations.selectors import message_get_for_user
+from observability import metrics, tracing
+from observability.logs import log_context, new_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.ended = False
         self.session_key, self.session_fp = None, ""
         self.bucket = FrameBucket(rate=settings.WS_FRAMES_PER_S, burst=settings.WS_FRAME_BURST)
+        # message id -> perf_counter at its send frame, until its first token frame goes out (pipeline
+        # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
+        self.sent_at: dict[int, float] = {}
+        self.client_ttft: dict[int, float] = {}
+        metrics.WS_OPEN.inc()
+        self.counted_open = True
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
@@ -88,6 +96,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.user_group, self.channel_name)
 
     async def disconnect(self, code):
+        if getattr(self, "counted_open", False):
+            metrics.WS_OPEN.dec()
+            self.counted_open = False
         try:
             if getattr(self, "user_group", None):
                 await self.channel_layer.group_discard(self.user_group, self.channel_name)
@@ -99,25 +110,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if self.ended:
             return
+        user_id = self.user.pk if self.user is not None and self.user.is_authenticated else None
+        with log_context(request_id=new_request_id(), user_id=user_id):
+            await self._receive(text_data)
+
+    async def _receive(self, text_data):
         wait = self.bucket.take()
         if wait:
+            metrics.observe_ws_frame("in", None)
             await self.send_error(
                 "rate_limited", "Too many frames on this connection; slow down.", retry_after=round(wait, 2)
             )
             return
         if text_data is None:
+            metrics.observe_ws_frame("in", None)
             await self.send_error("invalid_request", "Frames must be JSON text.")
             return
         try:
             frame = parse_client_frame(decode_text_frame(text_data))
         except FrameRejected as exc:
+            metrics.observe_ws_frame("in", None)
             await self.send_error(exc.code, str(exc))
             return
         except ValidationError as exc:
+            metrics.observe_ws_frame("in", None)
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"]) or "frame"
             await self.send_error("invalid_request", f"Invalid frame: {where}: {error['msg']}")
             return
+        metrics.observe_ws_frame("in", {"type": frame.type})
         try:
             if not await database_sync_to_async(session_is_current)(
                 session_key=self.session_key, user_id=self.user.pk
@@ -165,12 +186,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
 
     async def handle_send(self, frame: SendFrame):
-        ticket = await database_sync_to_async(generations.reply_request)(
-            user=self.user,
-            conversation_id=frame.conversation_id,
-            content=frame.content,
-            client_id=frame.client_id,
-        )
+        started = time.perf_counter()
+        # The root span of the reply's trace; the Celery task carries its context to the worker.
+        with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
+            ticket = await database_sync_to_async(generations.reply_request)(
+                user=self.user,
+                conversation_id=frame.conversation_id,
+                content=frame.content,
+                client_id=frame.client_id,
+            )
+        if not ticket.duplicate:
+            self.sent_at[ticket.message.id] = started
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
@@ -231,7 +257,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def chat_frame(self, event):
         """Channel-layer handler: forward a published frame to the browser."""
         if not self.ended:
-            await self.send_json(event["frame"])
+            frame = event["frame"]
+            await self.send_json(frame)
+            self.observe_overhead(frame)
+
+    def observe_overhead(self, frame):
+        """Pipeline overhead = client-visible TTFT (send frame in -> first token frame out on this socket)
+        minus the engine's TTFT, which the done frame brings."""
+        message_id = frame.get("message_id")
+        if frame.get("type") == "token" and message_id in self.sent_at:
+            self.client_ttft[message_id] = time.perf_counter() - self.sent_at.pop(message_id)
+        elif frame.get("type") == "done":
+            self.sent_at.pop(message_id, None)
+            client_ttft = self.client_ttft.pop(message_id, None)
+            if client_ttft is not None and frame.get("ttft_ms") is not None:
+                metrics.PIPELINE_OVERHEAD.observe(max(0.0, client_ttft - frame["ttft_ms"] / 1000))
+
+    async def send_json(self, content, close=False):
+        metrics.observe_ws_frame("out", content)
+        await super().send_json(content, close=close)
 
     async def user_event(self, event):
         """Channel-layer handler for the user's group: forward the frame. ``session_ended`` closes this

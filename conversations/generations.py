@@ -22,11 +22,13 @@ from django.utils import timezone
 
 from billing.services import usage_record_create
 from conversations import branches, broadcast, token_budget
-from conversations.admission import admission_check
+from conversations.admission import AdmissionRefused, admission_check
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
-from inference.registry import queue_for, task_priority
+from inference.registry import declare_queue, queue_for, task_priority
+from observability import tracing
+from observability.logs import current_field
 
 GENERATE_TASK = "inference.generate_reply"
 
@@ -64,12 +66,42 @@ def queue_position(*, message: Message) -> int:
 
 
 def _dispatch(message: Message) -> None:
-    """Send the generation task after commit to the model's queue with the tier's priority."""
-    queue = queue_for(message.model_name)
+    """Send the generation task after commit to the model's queue with the tier's priority; under a
+    blue-green rollout the reply is pinned to a version's queue and records that version."""
+    from observability.rollout import route_for
+
+    if message.model_version:  # a re-dispatch keeps the version the reply was pinned to
+        queue, version = declare_queue(queue_for(message.model_name, message.model_version)), ""
+    else:
+        queue, version = route_for(
+            model_name=message.model_name, message_id=message.id, default_queue=queue_for(message.model_name)
+        )
+    if version:
+        message.model_version = version
+        message.save(update_fields=["model_version", "updated_at"])
     priority = task_priority(message.conversation.owner.tier.queue_priority)
+    # The web request's id rides in the task headers so the worker's log lines carry it too.
+    headers = {"request_id": current_field("request_id")}
     transaction.on_commit(
-        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=queue, priority=priority)
+        lambda: current_app.send_task(
+            GENERATE_TASK, args=[message.id], queue=queue, priority=priority, headers=headers
+        )
     )
+
+
+def _admit(*, user) -> None:
+    """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals)."""
+    from observability import metrics, refusals, tracing
+
+    tier = user.tier.name
+    with tracing.span("admission", tier=tier):
+        try:
+            admission_check(user=user)
+        except AdmissionRefused as exc:
+            metrics.observe_admission(tier=tier, refused_code=exc.code)
+            refusals.refusal_record(tier=tier, reason=exc.code)
+            raise
+    metrics.observe_admission(tier=tier)
 
 
 def _refuse_if_busy(conversation: Conversation) -> None:
@@ -149,7 +181,7 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
         if existing is not None:
             return existing
     try:
-        with transaction.atomic():
+        with tracing.span("db.transaction"), transaction.atomic():
             if conversation_id is None:
                 system_prompt = user.default_system_prompt
             else:
@@ -160,7 +192,7 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
                 conversation = conversation_create(
                     owner=user, title=title_from_content(content), client_id=client_id
                 )
-            admission_check(user=user)
+            _admit(user=user)
             user_message = message_create(
                 conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
             )
@@ -182,7 +214,7 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
 
     Raises ``GenerationError`` when there is nothing to answer or a reply is still active.
     """
-    with transaction.atomic():
+    with tracing.span("db.transaction"), transaction.atomic():
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
         newest = conversation.active_leaf
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
@@ -194,7 +226,7 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
         parent = newest if newest.role == Message.Role.USER else newest.parent
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
-        admission_check(user=user)
+        _admit(user=user)
         assistant = _queue_reply(conversation=conversation, parent=parent)
     return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
 
@@ -213,7 +245,7 @@ def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
         conversation = original.conversation
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
         _refuse_if_busy(conversation)
-        admission_check(user=user)
+        _admit(user=user)
         edited = message_create(
             conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
         )
@@ -238,7 +270,7 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             )
         if conversation.active_leaf_id != cut.pk:
             raise GenerationError("invalid_request", "Only the last reply can be continued.")
-        admission_check(user=user)
+        _admit(user=user)
         assistant = _queue_reply(conversation=conversation, parent=cut)
     return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
 
@@ -271,11 +303,15 @@ def reply_for_resume(*, user, message_id: int) -> Message:
 # --- worker side ---------------------------------------------------------------------------------------------
 
 
-def generation_start(*, message_id: int) -> Message | None:
-    """Claim a queued reply for generation (``queued -> streaming``). None when it is no longer queued
-    (cancelled meanwhile, or a redelivered task whose reply already ended)."""
+def generation_start(*, message_id: int, trace_id: str = "", model_version: str = "") -> Message | None:
+    """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
+    version of the worker that generates it. None when it is no longer queued (cancelled meanwhile, or a
+    redelivered task whose reply already ended)."""
     claimed = Message.objects.filter(pk=message_id, status=Message.Status.QUEUED).update(
-        status=Message.Status.STREAMING, updated_at=timezone.now()
+        status=Message.Status.STREAMING,
+        updated_at=timezone.now(),
+        trace_id=trace_id,
+        model_version=model_version,
     )
     if not claimed:
         return None

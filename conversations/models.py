@@ -89,6 +89,9 @@ class Message(models.Model):
     error = models.TextField(blank=True, default="")
     # How many earlier messages the token-counted sliding window left out of this reply's context.
     omitted_messages = models.PositiveIntegerField(default=0)
+    # Observability (issue 11): the model version that generated the reply, and its OpenTelemetry trace id.
+    model_version = models.CharField(max_length=64, blank=True, default="")
+    trace_id = models.CharField(max_length=32, blank=True, default="")
     # Per-request sampling from the API (``temperature``, ``top_p``, ``stop``, ``seed``, ``max_tokens``,
     # ``presence_penalty``, ``frequency_penalty``); None = the chat defaults from settings.
     sampling = models.JSONField(null=True, blank=True)

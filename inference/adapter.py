@@ -5,6 +5,7 @@ streams the engine's deltas through ``conversations.broadcast`` and persists the
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from django.conf import settings
@@ -21,6 +22,9 @@ from conversations.models import Message
 from conversations.outages import DB_OUTAGE_ERRORS, with_db_retry
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
+from observability import tracing
+from observability.logs import log_context
+from observability.metrics import ReplyTimer
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +76,17 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
     re-dispatches it anyway); one after the claim ends the reply ``interrupted`` with the text streamed so
     far, written once the database is back."""
     host = host or get_host()
-    message = generation_start(message_id=message_id)
-    if message is None:
-        return "skipped"
-    with host.track(message.id) as request_id:
+    with log_context(message_id=message_id), tracing.span("generation", message_id=message_id):
+        message = generation_start(
+            message_id=message_id, trace_id=tracing.current_trace_id(), model_version=host.model_version
+        )
+        if message is None:
+            return "skipped"
+        return _run(host, message)
+
+
+def _run(host: WorkerHost, message: Message) -> str:
+    with log_context(user_id=message.conversation.owner_id), host.track(message.id) as request_id:
         try:
             return _generate(host, message, request_id)
         except (ContextTooLong, EngineError) as exc:
@@ -108,20 +119,23 @@ def _streamed_text(message_id: int) -> str:
 def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     engine = host.engine
     tier = message.conversation.owner.tier
-    system_prompt, turns = generation_history(message=message)
-    context_limit = min(tier.max_context_tokens, engine.context_length)
-    max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
-    context = assemble_context(
-        system_prompt=system_prompt,
-        history=turns,
-        budget_tokens=context_limit - max_new_tokens,
-        tokenize=engine.render_chat,
-    )
-    generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+    with tracing.span("context.assembly"):
+        system_prompt, turns = generation_history(message=message)
+        context_limit = min(tier.max_context_tokens, engine.context_length)
+        max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
+        context = assemble_context(
+            system_prompt=system_prompt,
+            history=turns,
+            budget_tokens=context_limit - max_new_tokens,
+            tokenize=engine.render_chat,
+        )
+        generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
 
+    timer = ReplyTimer(model=host.model_name, tier=tier.name)
+    submitted_ns = time.time_ns()
     handle = engine.submit(
         context.prompt_token_ids,
         sampling_for(max_new_tokens=max_new_tokens, overrides=message.sampling),
@@ -136,21 +150,61 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         handle.cancel()
     final: FinishEvent | None = None
     publish_failures = 0
-    for event in handle.events():
-        if isinstance(event, TokenEvent):
-            try:
-                broadcast.publish(
-                    message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
-                )
-            except REDIS_ERRORS:
-                # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
-                # final text reaches them in `done` (and from the database on resume).
-                publish_failures += 1
-                if publish_failures == 1:
-                    logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
-        else:
-            final = event
+    with tracing.quiet():  # one Redis span per delta would drown the trace
+        for event in handle.events():
+            if isinstance(event, TokenEvent):
+                timer.token(len(event.token_ids))
+                try:
+                    broadcast.publish(
+                        message.id,
+                        broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text),
+                    )
+                except REDIS_ERRORS:
+                    # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
+                    # final text reaches them in `done` (and from the database on resume).
+                    publish_failures += 1
+                    if publish_failures == 1:
+                        logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
+            else:
+                final = event
     assert final is not None, "the engine ends every request with a FinishEvent"
+    t = final.timings
+    timer.finish(
+        finish_reason=final.finish_reason,
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        queue_ms=t.queue_ms,
+        ttft_ms=t.ttft_ms,
+        total_ms=t.total_ms,
+    )
+    _record_engine_spans(submitted_ns, t)
+    logger.info(
+        "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",
+        final.finish_reason,
+        final.usage.prompt_tokens,
+        final.usage.completion_tokens,
+        round(t.ttft_ms) if t.ttft_ms is not None else "-",
+        t.total_ms,
+    )
+    with tracing.span("generation.final_write"):
+        return _finish(message, final)
+
+
+def _record_engine_spans(submitted_ns: int, t) -> None:
+    """Engine stages as spans, from the finish event's timings (ms since submit)."""
+    ms = 1_000_000
+    admitted = submitted_ns + int(t.queue_ms * ms)
+    end = submitted_ns + int(t.total_ms * ms)
+    tracing.record_span("engine.queue_wait", submitted_ns, admitted)
+    if t.ttft_ms is None:
+        tracing.record_span("engine.prefill", admitted, end)
+        return
+    first = submitted_ns + int(t.ttft_ms * ms)
+    tracing.record_span("engine.prefill", admitted, first, first_token_ns=first)
+    tracing.record_span("engine.decode", first, end)
+
+
+def _finish(message: Message, final: FinishEvent) -> str:
     return finish(
         message=message,
         status=STATUS_BY_FINISH[final.finish_reason],

@@ -62,6 +62,8 @@ class WorkerStatus:
         pending_prompt_tokens: Prompt tokens still to prefill (waiting and partially prefilled requests).
         pending_reply_tokens: Reply tokens still to generate, counted up to each request's max_new_tokens.
         active_replies: Replies this process owns (tasks claimed, waiting or running in the engine).
+        metrics_port: Port of this process's Prometheus endpoint (0: none).
+        node: Celery node name (``name@host``), the handle of ``manage.py drain``.
     """
 
     worker_id: str
@@ -83,6 +85,8 @@ class WorkerStatus:
     pending_prompt_tokens: int = 0
     pending_reply_tokens: int = 0
     active_replies: int = 0
+    metrics_port: int = 0
+    node: str = ""
 
     @property
     def kv_cache_usage(self) -> float:

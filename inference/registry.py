@@ -27,10 +27,37 @@ def model_spec(name: str | None = None) -> ModelSpec:
     )
 
 
-def queue_for(model_name: str) -> str:
+def queue_for(model_name: str, version: str = "") -> str:
     """The broker queue whose workers serve ``model_name``: ``inference.<model_name>`` (declared with
-    ``x-max-priority`` in ``settings.CELERY_TASK_QUEUES`` for every registered model)."""
-    return f"inference.{model_name}"
+    ``x-max-priority`` in ``settings.CELERY_TASK_QUEUES`` for every registered model), or
+    ``inference.<model_name>@<version>`` for the replies pinned to one version during a blue-green rollout
+    (declared the same way by :func:`declare_queue`)."""
+    return f"inference.{model_name}@{version}" if version else f"inference.{model_name}"
+
+
+def queue_options(name: str) -> dict:
+    """Keyword arguments of ``kombu.Queue`` for an inference queue: the direct ``inference`` exchange and
+    ``x-max-priority``, as in ``settings.CELERY_TASK_QUEUES`` (a queue must be declared identically by
+    producers and consumers)."""
+    from kombu import Exchange
+
+    return {
+        "exchange": Exchange("inference", type="direct"),
+        "routing_key": name,
+        "queue_arguments": {"x-max-priority": settings.INFERENCE_QUEUE_MAX_PRIORITY},
+    }
+
+
+def declare_queue(name: str) -> str:
+    """Make the Celery app know queue ``name`` with :func:`queue_options` (for version queues, which are not
+    in ``CELERY_TASK_QUEUES``); returns ``name``."""
+    from celery import current_app
+    from kombu import Queue
+
+    queues = current_app.amqp.queues
+    if name not in queues:
+        queues.add(Queue(name, **queue_options(name)))
+    return name
 
 
 def task_priority(queue_priority: int) -> int:
@@ -61,3 +88,14 @@ def models_for_tier(tier) -> list[str]:
         if name and name in settings.INFERENCE_MODELS and name not in seen:
             seen.append(name)
     return seen
+
+
+def model_version(name: str | None = None) -> str:
+    """The version string of a registered model (``INFERENCE_MODELS[name]["version"]``; ``""`` when none).
+    ``INFERENCE_MODEL_VERSION`` overrides it for this process, so two workers can serve the same weights
+    under two versions (blue-green tests and canaries)."""
+    name = name or settings.INFERENCE_DEFAULT_MODEL
+    override = getattr(settings, "INFERENCE_MODEL_VERSION", "")
+    if override:
+        return override
+    return str(settings.INFERENCE_MODELS.get(name, {}).get("version", ""))

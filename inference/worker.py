@@ -28,7 +28,8 @@ from conversations import broadcast
 from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
 from inference import fleet
 from inference.engine import LLMEngine
-from inference.registry import engine_config, model_spec
+from inference.registry import engine_config, model_spec, model_version
+from observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class WorkerHost:
         self.queues = list(queues)
         self.started_at = time.time()
         self.draining = False
+        self.metrics_port = 0  # set by observability.workerops when the metrics endpoint is up
+        self.node = ""  # Celery node name
         self._decode_samples: list[tuple[float, int]] = []
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -63,7 +66,7 @@ class WorkerHost:
             (self._reaper_loop, "reaper"),
             (self._publish_loop, "load-publisher"),
         ):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            threading.Thread(target=_untraced(target), name=name, daemon=True).start()
         return self
 
     def shutdown(self) -> None:
@@ -110,6 +113,8 @@ class WorkerHost:
             pending_prompt_tokens=getattr(load, "pending_prefill_tokens", 0),
             pending_reply_tokens=getattr(load, "pending_decode_tokens", 0),
             active_replies=active,
+            metrics_port=self.metrics_port,
+            node=self.node,
         )
 
     @contextmanager
@@ -181,6 +186,17 @@ class WorkerHost:
                 logger.exception("reaper failed")
 
 
+def _untraced(target):
+    """Run a housekeeping loop with the tracing instrumentations off: a Redis or SQL span every second from
+    the heartbeat, publisher or reaper would be a trace of its own and bury the replies' traces."""
+
+    def run():
+        with tracing.quiet():
+            target()
+
+    return run
+
+
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
     """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``), then
     re-dispatch queued replies that no broker message may deliver (``generations_redispatch_queued``)."""
@@ -206,7 +222,9 @@ def get_host(*, queues: list[str] | None = None) -> WorkerHost:
             started = time.monotonic()
             spec = model_spec()
             engine = LLMEngine.from_spec(spec, engine_config(), settings.MODEL_CACHE_DIR)
-            _host = WorkerHost(engine, model_name=spec.name, queues=queues or []).start()
+            _host = WorkerHost(
+                engine, model_name=spec.name, model_version=model_version(spec.name), queues=queues or []
+            ).start()
             logger.info("engine ready in %.1f s", time.monotonic() - started)
             # For `make run`: the last start-up line a newcomer needs.
             logger.info("chatsite is ready: open %s in your browser", settings.SITE_URL)

@@ -41,8 +41,8 @@ def stack_env(db_name: str) -> dict[str, str]:
 class WorkerProcess:
     """A ``celery worker`` subprocess; ``kill()`` sends SIGKILL as a crash would."""
 
-    def __init__(self, log_path: Path, db_name: str, name: str, queues: str):
-        env = stack_env(db_name)
+    def __init__(self, log_path: Path, db_name: str, name: str, queues: str, extra_env: dict | None = None):
+        env = {**stack_env(db_name), **(extra_env or {})}
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
@@ -97,7 +97,7 @@ class WorkerProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log.close()
@@ -105,14 +105,17 @@ class WorkerProcess:
 
 @pytest.fixture(scope="session")
 def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
-    """``worker_factory(name, queues)`` -> a ready :class:`WorkerProcess`; all are stopped at session end."""
+    """``worker_factory(name, queues, env=None)`` -> a ready :class:`WorkerProcess` (``env``: extra environment
+    variables); all are stopped at session end."""
     started = []
 
     def start(
-        name: str = "itest", queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}"
+        name: str = "itest",
+        queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}",
+        env: dict | None = None,
     ) -> WorkerProcess:
         log = tmp_path_factory.mktemp("worker") / f"{name}.log"
-        worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues)
+        worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues, env)
         started.append(worker)
         worker.wait_ready()
         return worker

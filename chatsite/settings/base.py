@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "observability",
     "api",  # the OpenAI-compatible API (issue 10)
     "axes",  # log-in throttling (issue 7)
 ]
@@ -51,6 +52,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
     "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
 
@@ -141,6 +143,7 @@ INFERENCE_MODELS = {
         "gguf_file": env("SMOLLM2_GGUF_FILE", default="SmolLM2-135M-Instruct.Q4_1.gguf"),
         "dtype": env("INFERENCE_DTYPE", default="bfloat16"),
         "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
+        "version": env("SMOLLM2_VERSION", default=""),
     },
 }
 # One durable priority queue per registered model; producers and workers declare it identically.
@@ -193,14 +196,30 @@ EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
 EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=True)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="chatsite <noreply@localhost>")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "filters": {"quiet_startup": {"()": "chatsite.logfilters.QuietStartup"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["quiet_startup"]}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
-}
+# --- Observability and fleet operations (issue 11) ---
+# Structured logs: "text" or "json" (one object per line with request_id, message_id, user_id, trace_id).
+LOG_FORMAT = env("LOG_FORMAT", default="text")
+from observability.logs import logging_config  # noqa: E402  (no Django imports in there)
+
+LOGGING = logging_config(log_format=LOG_FORMAT, level=env("LOG_LEVEL", default="INFO"))
+# Workers log through the same LOGGING (JSON lines with the ids) instead of Celery's own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Version of the default model this process serves (overrides INFERENCE_MODELS[...]["version"]).
+INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
+# Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
+_metrics_port = env("METRICS_WORKER_PORT", default="9101")
+METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
+METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="0.0.0.0")
+# Web /metrics: allowed with this bearer token, or from these networks (CIDR).
+METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.1/32", "::1/128"])
+# OpenTelemetry: exporter none | console | otlp | jsonfile (OTEL_TRACES_FILE); OTLP reads OTEL_EXPORTER_OTLP_*.
+OTEL_TRACES_EXPORTER = env("OTEL_TRACES_EXPORTER", default="none")
+if OTEL_TRACES_EXPORTER not in ("none", "console", "otlp", "jsonfile"):
+    raise environ.ImproperlyConfigured("OTEL_TRACES_EXPORTER must be none, console, otlp or jsonfile")
+OTEL_TRACES_FILE = env("OTEL_TRACES_FILE", default="traces.jsonl")
+OTEL_SERVICE_NAME = env("OTEL_SERVICE_NAME", default="chatsite")
+OTEL_INSTRUMENT = env.list("OTEL_INSTRUMENT", default=["django", "celery", "psycopg", "redis"])
 
 # Chat sampling defaults for the browser (the API may override per request).
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)

@@ -22,3 +22,5 @@ CACHES = {
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests
+# Worker metrics on a free port (published in the fleet status): parallel test runs never collide.
+METRICS_WORKER_PORT = 0

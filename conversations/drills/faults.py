@@ -80,7 +80,7 @@ async def worker_kill(
     replies are final. Held when the streaming reply ends ``interrupted`` (with its text) or is regenerated,
     the second reply is served, and nothing is queued/streaming 60 s after the kill."""
     result = DrillResult("worker SIGKILL mid-stream")
-    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=160, prefix="drill-kill")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=32, prefix="drill-kill")
     killed_final: list[float] = []
     interrupted = 0
     for trial in range(trials):

@@ -136,7 +136,7 @@ def test_linear_migration_links_existing_messages(alice):
     """The data migration's SQL on messages stored without tree links (as before the migration)."""
     from importlib import import_module
 
-    migration = import_module("conversations.migrations.0005_link_existing_messages_linearly")
+    migration = import_module("conversations.migrations.0006_link_existing_messages_linearly")
     conversation = services.conversation_create(owner=alice)
     ids = [
         services.message_create(conversation=conversation, role="user", content=str(i)).id for i in range(4)

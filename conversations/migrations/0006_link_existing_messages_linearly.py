@@ -29,6 +29,6 @@ BACKWARD = [
 
 
 class Migration(migrations.Migration):
-    dependencies = [("conversations", "0004_message_branch_tree_and_search")]
+    dependencies = [("conversations", "0005_message_branch_tree_and_search")]
 
     operations = [migrations.RunSQL(FORWARD, BACKWARD)]

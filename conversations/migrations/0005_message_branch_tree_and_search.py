@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0003_api_completion_sampling_and_stored'),
+        ('conversations', '0004_message_model_version_trace_id'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

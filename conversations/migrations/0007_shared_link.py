@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0005_link_existing_messages_linearly'),
+        ('conversations', '0006_link_existing_messages_linearly'),
     ]
 
     operations = [

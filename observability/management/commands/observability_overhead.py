@@ -1,0 +1,183 @@
+"""``manage.py observability_overhead``: decode throughput of the engine at N concurrent requests with and
+without the per-reply metrics and tracing the adapter does, rounds alternating; prints median [min-max]."""
+
+import statistics
+import threading
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = (
+        "Measure the overhead of metrics + tracing on decode throughput: N requests (128-token prompts, "
+        "exactly --new-tokens each, greedy) per round, rounds alternating off/on."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--n", type=int, default=32)
+        parser.add_argument("--new-tokens", type=int, default=128)
+        parser.add_argument("--prompt-tokens", type=int, default=128)
+        parser.add_argument("--rounds", type=int, default=3, help="rounds per mode")
+        parser.add_argument(
+            "--micro",
+            action="store_true",
+            help="time the per-token and per-reply observability work alone and relate it to --tokens-per-s",
+        )
+        parser.add_argument(
+            "--tokens-per-s", type=float, default=293.8, help="engine decode tok/s at N (README)"
+        )
+        parser.add_argument("--cores", type=int, default=2)
+
+    def handle(self, *args, n, new_tokens, prompt_tokens, rounds, micro, tokens_per_s, cores, **options):
+        if micro:
+            self.micro(rounds=rounds, new_tokens=new_tokens, tokens_per_s=tokens_per_s, cores=cores)
+            return
+        from inference.engine import LLMEngine, SamplingParams
+        from inference.registry import engine_config, model_spec
+
+        engine = LLMEngine.from_spec(model_spec(), engine_config(), settings.MODEL_CACHE_DIR)
+        engine.start()
+        tracer = self.tracer()
+        params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+        prompts = [[(97 + 31 * i + j) % 20000 + 100 for j in range(prompt_tokens)] for i in range(n)]
+        self.run_round(
+            engine, prompts, SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True), None
+        )
+        results = {"off": [], "on": []}
+        for r in range(rounds):
+            for mode in ("off", "on"):
+                tps = self.run_round(engine, prompts, params, tracer if mode == "on" else None)
+                results[mode].append(tps)
+                self.stdout.write(f"round {r + 1} {mode:>3}: {tps:.1f} tok/s")
+        engine.shutdown(timeout=5)
+        for mode, values in results.items():
+            self.stdout.write(
+                f"{mode:>3}: median {statistics.median(values):.1f} tok/s "
+                f"[{min(values):.1f}-{max(values):.1f}] over {rounds} rounds"
+            )
+        off, on = statistics.median(results["off"]), statistics.median(results["on"])
+        self.stdout.write(f"overhead: {(off - on) / off * 100:+.2f} % (median off vs on; N={n})")
+
+    def micro(self, *, rounds: int, new_tokens: int, tokens_per_s: float, cores: int) -> None:
+        """CPU cost of the adapter's observability per token (ITL observation) and per reply (finish
+        metrics + 7 spans, batch-exported as JSON), and of one scrape; expressed as a share of ``cores`` at
+        ``tokens_per_s`` decode throughput with ``new_tokens``-token replies and a scrape every 5 s."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        from observability.metrics import ReplyTimer
+
+        tracer = self.tracer()
+        per_token, per_reply, per_scrape = [], [], []
+        for _ in range(rounds):
+            timer = ReplyTimer(model="bench", tier="bench")
+            started = time.perf_counter()
+            for _ in range(100_000):
+                timer.token(1)
+            per_token.append((time.perf_counter() - started) / 100_000)
+            started = time.perf_counter()
+            for _ in range(2_000):
+                with tracer.start_as_current_span("generation"):
+                    for name in (
+                        "context.assembly",
+                        "engine.queue_wait",
+                        "engine.prefill",
+                        "engine.decode",
+                        "generation.final_write",
+                    ):
+                        tracer.start_span(name, start_time=time.time_ns()).end()
+                    timer.finish(
+                        finish_reason="length",
+                        prompt_tokens=128,
+                        completion_tokens=new_tokens,
+                        queue_ms=5.0,
+                        ttft_ms=50.0,
+                        total_ms=900.0,
+                    )
+            per_reply.append((time.perf_counter() - started) / 2_000)
+            started = time.perf_counter()
+            for _ in range(50):
+                generate_latest(REGISTRY)
+            per_scrape.append((time.perf_counter() - started) / 50)
+        tok, rep, scr = (statistics.median(v) for v in (per_token, per_reply, per_scrape))
+        for label, values, unit in (
+            ("per token", per_token, 1e6),
+            ("per reply", per_reply, 1e6),
+            ("per scrape", per_scrape, 1e6),
+        ):
+            self.stdout.write(
+                f"{label}: median {statistics.median(values) * unit:.2f} us "
+                f"[{min(values) * unit:.2f}-{max(values) * unit:.2f}] over {rounds} rounds"
+            )
+        cpu_per_s = tokens_per_s * tok + tokens_per_s / new_tokens * rep + scr / 5
+        self.stdout.write(
+            f"at {tokens_per_s} tok/s, {new_tokens}-token replies: {cpu_per_s * 1000:.2f} ms CPU "
+            f"per second = {cpu_per_s / cores * 100:.3f} % of {cores} cores"
+        )
+
+    @staticmethod
+    def tracer():
+        """A real SDK tracer exporting in batches (JSON serialisation included) to /dev/null."""
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from observability.tracing import JsonFileSpanExporter
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(JsonFileSpanExporter("/dev/null")))
+        return provider.get_tracer("overhead")
+
+    def run_round(self, engine, prompts, params, tracer) -> float:
+        """Submit every prompt at once; returns generated tokens per second of wall time."""
+        from prometheus_client import REGISTRY, generate_latest
+
+        from observability.metrics import ReplyTimer, register_engine
+
+        total = [0]
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def consume(handle, submitted_ns):
+            timer = ReplyTimer(model="bench", tier="bench") if tracer else None
+            span = tracer.start_span("generation") if tracer else None
+            for event in handle.events():
+                if type(event).__name__ == "TokenEvent":
+                    if timer:
+                        timer.token(len(event.token_ids))
+                else:
+                    t = event.timings
+                    if timer:
+                        timer.finish(
+                            finish_reason=event.finish_reason,
+                            prompt_tokens=event.usage.prompt_tokens,
+                            completion_tokens=event.usage.completion_tokens,
+                            queue_ms=t.queue_ms,
+                            ttft_ms=t.ttft_ms,
+                            total_ms=t.total_ms,
+                        )
+                        for name in ("engine.queue_wait", "engine.prefill", "engine.decode"):
+                            tracer.start_span(name, start_time=submitted_ns).end()
+                        span.end()
+                    with lock:
+                        total[0] += event.usage.completion_tokens
+
+        def scrape():  # a Prometheus scrape every second (real deployments: every 5-15 s)
+            while not stop.wait(1.0):
+                generate_latest(REGISTRY)
+
+        if tracer:
+            register_engine(type("Host", (), {"engine": engine, "model_name": "bench"})())
+            threading.Thread(target=scrape, daemon=True).start()
+        started = time.perf_counter()
+        threads = []
+        for prompt in prompts:
+            handle = engine.submit(prompt, params)
+            thread = threading.Thread(target=consume, args=(handle, time.time_ns()))
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - started
+        stop.set()
+        return total[0] / elapsed
