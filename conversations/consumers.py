@@ -114,7 +114,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def watch_ticket(self, ticket: "generations.ReplyTicket"):
         await self.watch(ticket.message.id)
         frame = await database_sync_to_async(broadcast.frame_queued)(
-            message=ticket.message, user_message_id=ticket.user_message_id, position=ticket.position
+            message=ticket.message,
+            user_message_id=ticket.user_message_id,
+            position=ticket.position,
+            notice=ticket.notice,
         )
         await self.send_json(frame)
 

@@ -18,9 +18,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import broadcast
-from conversations.admission import admission_check
+from conversations.admission import Admission, admission_check, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
@@ -43,6 +44,13 @@ class ReplyTicket:
     message: Message
     user_message_id: int | None
     position: int
+    notice: str = ""
+
+
+def _notice(admission: Admission) -> str:
+    if not admission.degraded:
+        return ""
+    return f"The service is busy, so this reply comes from the lighter model {admission.model_name}."
 
 
 def queue_position(*, message: Message) -> int:
@@ -62,7 +70,7 @@ def _dispatch(message: Message) -> None:
     )
 
 
-def _queue_reply(*, conversation: Conversation) -> Message:
+def _queue_reply(*, conversation: Conversation, admission: Admission) -> Message:
     if conversation.messages.filter(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES).exists():
         raise GenerationError(
             "too_many_generations", "A reply is still being generated in this conversation."
@@ -72,8 +80,9 @@ def _queue_reply(*, conversation: Conversation) -> Message:
         role=Message.Role.ASSISTANT,
         content="",
         status=Message.Status.QUEUED,
-        model_name=conversation.owner.tier.model_name,
+        model_name=admission.model_name,
     )
+    admission.attach(message)
     _dispatch(message)
     return message
 
@@ -97,11 +106,17 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
             conversation = conversation_create(owner=user, title=title_from_content(content))
         else:
             conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        admission_check(user=user)
+        admission = admission_check(
+            user=user,
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+        )
         user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
-        assistant = _queue_reply(conversation=conversation)
+        assistant = _queue_reply(conversation=conversation, admission=admission)
     return ReplyTicket(
-        message=assistant, user_message_id=user_message.id, position=queue_position(message=assistant)
+        message=assistant,
+        user_message_id=user_message.id,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
     )
 
 
@@ -120,11 +135,18 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
             raise GenerationError(
                 "too_many_generations", "A reply is still being generated in this conversation."
             )
-        admission_check(user=user)
+        admission = admission_check(
+            user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
+        )
         if newest.role == Message.Role.ASSISTANT:
             newest.delete()
-        assistant = _queue_reply(conversation=conversation)
-    return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
+        assistant = _queue_reply(conversation=conversation, admission=admission)
+    return ReplyTicket(
+        message=assistant,
+        user_message_id=None,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
+    )
 
 
 def reply_cancel(*, user, message_id: int) -> Message:
@@ -136,6 +158,7 @@ def reply_cancel(*, user, message_id: int) -> Message:
     )
     message.refresh_from_db()
     if cancelled_now:
+        quota_settle(message=message, used_tokens=0)
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
     elif message.status == Message.Status.STREAMING:
         broadcast.request_cancel(message.id)
@@ -224,6 +247,8 @@ def generation_finish(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
             )
+        if updated:  # release the quota reserved at admission; charge the real count
+            quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
     return message
 
@@ -255,6 +280,8 @@ def generations_reap_interrupted(
                 updated_at=timezone.now(),
             ):
                 message = Message.objects.get(pk=message_id)
+                # A reply our worker lost is not charged (its late finish, if any, charges the real count).
+                quota_settle(message=message, used_tokens=0)
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
                 reaped.append(message_id)
     return reaped

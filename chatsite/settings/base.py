@@ -136,9 +136,18 @@ INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
 INFERENCE_MAX_NUM_SEQS = env.int("INFERENCE_MAX_NUM_SEQS", default=32)
 INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=512)
 INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
-# Admission control: how many generations may be queued or running per tier queue before new ones are refused.
-ADMISSION_MAX_QUEUED = env.int("ADMISSION_MAX_QUEUED", default=256)
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
+# --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
+# Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
+ADMISSION_HARD_CAP_WAIT_S = env.float("ADMISSION_HARD_CAP_WAIT_S", default=120.0)
+# Mean reply length (tokens) the expected wait assumes per request ahead.
+ADMISSION_MEAN_REPLY_TOKENS = env.int("ADMISSION_MEAN_REPLY_TOKENS", default=128)
+# Decode tokens/s assumed for a worker that reports none (idle, or an engine without the counter).
+ADMISSION_DECODE_TOKENS_PER_S = env.float("ADMISSION_DECODE_TOKENS_PER_S", default=140.0)
+# How long one fleet/queue read is reused by admission in a web process (s).
+ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
+# Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
+BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
