@@ -167,7 +167,9 @@ class UpgradeRequest(models.Model):
         REJECTED = "rejected"
         CANCELLED = "cancelled"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="upgrade_requests")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="upgrade_requests"
+    )
     from_tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
     to_tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
     provider = models.CharField(max_length=32, default="manual")

@@ -97,7 +97,8 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
     row = DailyQuota.objects.get(user_id=user.pk, day=day)
     if not rows:
         raise QuotaExceeded(
-            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens), needed=tokens
+            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
+            needed=tokens,
         )
     return row
 
@@ -117,9 +118,7 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     if used_tokens < 0:
         raise ValueError("token counts must be non-negative")
     with transaction.atomic():
-        reservation = (
-            QuotaReservation.objects.select_for_update().filter(message_id=message.pk).first()
-        )
+        reservation = QuotaReservation.objects.select_for_update().filter(message_id=message.pk).first()
         if reservation is None:
             if used_tokens:
                 owner_id = user.pk if user is not None else message.conversation.owner_id
@@ -137,7 +136,9 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
         return True
 
 
-def quota_grant(*, user, tokens: int, day: date | None = None, reason: str = "", granted_by=None) -> QuotaGrant:
+def quota_grant(
+    *, user, tokens: int, day: date | None = None, reason: str = "", granted_by=None
+) -> QuotaGrant:
     """Give ``user`` ``tokens`` (> 0) extra for one quota day (default today); recorded as a QuotaGrant."""
     if tokens <= 0:
         raise ValueError("a grant adds at least one token")

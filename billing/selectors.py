@@ -43,9 +43,21 @@ def seconds_until_tomorrow(now: datetime | None = None) -> int:
 
 def tier_backoff(*, tier) -> dict[str, float | str]:
     """How the page retries after ``busy``/``rate_limited`` for ``tier``: ``{"kind": "linear"|"exponential",
-    "base_s": seconds, "cap_s": seconds}``. Paid tiers (``queue_priority > 0``) retry every ``base_s``;
-    free tiers back off exponentially, ``base_s * 2**attempt`` capped at ``cap_s`` (10, 20, 40, ... 160 s).
-    The delay of attempt ``k`` (0-based) is never below the server's ``retry_after``."""
-    if tier.queue_priority > 0:
-        return {"kind": "linear", "base_s": 10, "cap_s": 10}
-    return {"kind": "exponential", "base_s": 10, "cap_s": 160}
+    "base_s": seconds, "cap_s": seconds}``, from the tier's admin-editable ``backoff_*`` fields. Defaults:
+    paid retries every 10 s (linear); free backs off exponentially, ``base_s * 2**attempt`` capped at
+    ``cap_s`` (10, 20, 40, 80, 160, 160 ... s). The delay of attempt ``k`` (0-based) is never below the
+    server's ``retry_after``; see :func:`backoff_delay_s`."""
+    kind = getattr(tier, "backoff_kind", None) or ("linear" if tier.queue_priority > 0 else "exponential")
+    base = getattr(tier, "backoff_base_s", None) or 10
+    cap = getattr(tier, "backoff_cap_s", None) or (base if kind == "linear" else 160)
+    return {"kind": kind, "base_s": base, "cap_s": max(base, cap)}
+
+
+def backoff_delay_s(policy: dict, attempt: int, retry_after: float | None = None) -> float:
+    """Seconds before retry ``attempt`` (0-based) under ``policy`` (from :func:`tier_backoff`), never less
+    than the server's ``retry_after``. The page's countdown computes the same."""
+    if policy["kind"] == "linear":
+        delay = policy["base_s"]
+    else:
+        delay = min(policy["cap_s"], policy["base_s"] * 2 ** max(0, attempt))
+    return max(delay, retry_after or 0)
