@@ -15,7 +15,6 @@ class TierAdmin(admin.ModelAdmin):
         "max_context_tokens",
         "queue_priority",
         "max_concurrent_generations",
-        "queue_name",
     )
     search_fields = ("name", "display_name")
 

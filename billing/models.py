@@ -9,8 +9,8 @@ class Tier(models.Model):
 
     Units: ``requests_per_minute`` in requests/minute per user, ``tokens_per_day`` in prompt + completion
     tokens per user per quota day (``billing.quota.quota_day``: the date in ``settings.TIME_ZONE``, UTC by default), ``max_reply_tokens`` / ``max_context_tokens`` in model tokens.
-    ``queue_priority``: higher is admitted first by the engine. ``queue_name``: the Celery queue its
-    generations are routed to.
+    ``queue_priority``: higher is delivered first by the broker's priority queue and admitted first by
+    the engine (capped to ``INFERENCE_QUEUE_MAX_PRIORITY``). Its model's queue is ``inference.<model_name>``.
     """
 
     name = models.SlugField(max_length=32, unique=True)
@@ -22,7 +22,6 @@ class Tier(models.Model):
     max_context_tokens = models.PositiveIntegerField()
     queue_priority = models.IntegerField(default=0)
     max_concurrent_generations = models.PositiveIntegerField(default=1)
-    queue_name = models.CharField(max_length=64)
     # Admission control on the fleet's expected wait (conversations/load.py), in seconds.
     admit_max_wait_s = models.FloatField(
         default=30.0,

@@ -25,6 +25,7 @@ from conversations.admission import Admission, admission_check, prompt_tokens_up
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
+from inference.registry import queue_for, task_priority
 
 GENERATE_TASK = "inference.generate_reply"
 
@@ -54,19 +55,24 @@ def _notice(admission: Admission) -> str:
 
 
 def queue_position(*, message: Message) -> int:
-    """1-based place in line among queued replies of the same tier queue (approximate: FIFO by id)."""
-    return Message.objects.filter(
-        role=Message.Role.ASSISTANT,
-        status=Message.Status.QUEUED,
-        id__lte=message.id,
-        conversation__owner__tier__queue_name=message.conversation.owner.tier.queue_name,
-    ).count()
+    """1-based place in line among queued replies for the same model (approximate: replies of a higher tier
+    priority and older replies of the same priority are ahead, as in the broker's priority queue)."""
+    priority = message.conversation.owner.tier.queue_priority
+    ahead = Message.objects.filter(
+        role=Message.Role.ASSISTANT, status=Message.Status.QUEUED, model_name=message.model_name
+    )
+    return (
+        ahead.filter(conversation__owner__tier__queue_priority__gt=priority).count()
+        + ahead.filter(conversation__owner__tier__queue_priority=priority, id__lte=message.id).count()
+    )
 
 
 def _dispatch(message: Message) -> None:
-    tier = message.conversation.owner.tier
+    """Send the generation task after commit to the model's queue with the tier's priority."""
+    queue = queue_for(message.model_name)
+    priority = task_priority(message.conversation.owner.tier.queue_priority)
     transaction.on_commit(
-        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=tier.queue_name)
+        lambda: current_app.send_task(GENERATE_TASK, args=[message.id], queue=queue, priority=priority)
     )
 
 

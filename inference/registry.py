@@ -27,6 +27,17 @@ def model_spec(name: str | None = None) -> ModelSpec:
     )
 
 
+def queue_for(model_name: str) -> str:
+    """The broker queue whose workers serve ``model_name``: ``inference.<model_name>`` (declared with
+    ``x-max-priority`` in ``settings.CELERY_TASK_QUEUES`` for every registered model)."""
+    return f"inference.{model_name}"
+
+
+def task_priority(queue_priority: int) -> int:
+    """A tier's ``queue_priority`` as an AMQP message priority, clamped to 0..INFERENCE_QUEUE_MAX_PRIORITY."""
+    return max(0, min(int(queue_priority), settings.INFERENCE_QUEUE_MAX_PRIORITY))
+
+
 def engine_config() -> EngineConfig:
     """Engine limits from settings (``INFERENCE_*``)."""
     return EngineConfig(

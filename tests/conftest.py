@@ -33,19 +33,46 @@ def bob(make_user):
     return make_user("bob")
 
 
+def broker_purge() -> None:
+    """Drop every message waiting in the model queues of the test broker (declaring them if needed)."""
+    from celery import current_app
+
+    with current_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for queue in current_app.amqp.queues.values():
+            bound = queue(channel)
+            bound.declare()
+            bound.purge()
+
+
+def broker_take(queue_name: str) -> list[tuple[list, int]]:
+    """Consume every message now waiting in ``queue_name``: ``[(task args, priority), ...]`` in delivery order."""
+    from celery import current_app
+
+    taken = []
+    with current_app.connection_for_write() as conn:
+        bound = current_app.amqp.queues[queue_name](conn.default_channel)
+        bound.declare()
+        while (message := bound.get(no_ack=True)) is not None:
+            args = message.decode()[0]
+            taken.append((args, message.properties.get("priority", 0)))
+    return taken
+
+
 @pytest.fixture
 def redis_clean(settings):
-    """Empty our keys in the test Redis database: channel layer, replay streams, leases, rate-limit counters
-    and the broker's queued messages. Kombu's queue bindings stay, so a running worker keeps receiving."""
+    """Empty our keys in the test Redis database (channel layer, replay streams, leases, rate-limit counters) and
+    the messages waiting in the test broker's model queues (a running worker keeps its own consumer)."""
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
 
     def clean():
-        for pattern in ("chatsite*", "asgi*", "inference.*"):
+        for pattern in ("chatsite*", "asgi*"):
             keys = list(client.scan_iter(match=pattern, count=1000))
             if keys:
                 client.delete(*keys)
+        broker_purge()
 
     clean()
     yield client

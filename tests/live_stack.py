@@ -108,7 +108,9 @@ def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
     """``worker_factory(name, queues)`` -> a ready :class:`WorkerProcess`; all are stopped at session end."""
     started = []
 
-    def start(name: str = "itest", queues: str = "inference.paid,inference.free") -> WorkerProcess:
+    def start(
+        name: str = "itest", queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}"
+    ) -> WorkerProcess:
         log = tmp_path_factory.mktemp("worker") / f"{name}.log"
         worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues)
         started.append(worker)

@@ -130,4 +130,6 @@ class Migration(migrations.Migration):
             constraint=models.UniqueConstraint(condition=models.Q(('status', 'pending')), fields=('user',), name='upgrade_one_pending_per_user'),
         ),
         migrations.RunPython(set_load_defaults, migrations.RunPython.noop),
+        # Replies are routed per model (inference.<model>) with the tier's priority since the RabbitMQ switch.
+        migrations.RemoveField(model_name="tier", name="queue_name"),
     ]

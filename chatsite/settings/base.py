@@ -7,6 +7,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 from pathlib import Path
 
 import environ
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -107,8 +108,11 @@ CACHES = {
     }
 }
 
-# Celery: broker and result backend default to the same Redis; RabbitMQ works too (CELERY_BROKER_URL=amqp://...).
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+# Celery. The broker is RabbitMQ: it redelivers a dead consumer's unacknowledged messages the moment its
+# connection drops (Redis' transport waits for a visibility timeout, an hour by default) and it has real priority
+# queues (x-max-priority), so a paid request overtakes queued free ones in the broker too. One queue per model
+# (``inference.<model>``, see inference/registry.py: queue_for); tasks carry the tier's priority.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
@@ -117,6 +121,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Priorities 0..INFERENCE_QUEUE_MAX_PRIORITY (a tier's queue_priority is capped to it).
+INFERENCE_QUEUE_MAX_PRIORITY = 10
 CELERY_TASK_ALWAYS_EAGER = False
 
 # Model registry: name -> source, optional GGUF file, dtype, context length. A source is a local Hugging Face
@@ -130,6 +136,16 @@ INFERENCE_MODELS = {
         "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
     },
 }
+# One durable priority queue per registered model; producers and workers declare it identically.
+CELERY_TASK_QUEUES = [
+    Queue(
+        f"inference.{name}",
+        Exchange("inference", type="direct"),
+        routing_key=f"inference.{name}",
+        queue_arguments={"x-max-priority": INFERENCE_QUEUE_MAX_PRIORITY},
+    )
+    for name in INFERENCE_MODELS
+]
 MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "models")))
 INFERENCE_DEVICE = env("INFERENCE_DEVICE", default="auto")
 INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
@@ -146,6 +162,10 @@ ADMISSION_MEAN_REPLY_TOKENS = env.int("ADMISSION_MEAN_REPLY_TOKENS", default=128
 ADMISSION_DECODE_TOKENS_PER_S = env.float("ADMISSION_DECODE_TOKENS_PER_S", default=140.0)
 # How long one fleet/queue read is reused by admission in a web process (s).
 ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
+# Task threads per worker when started without --concurrency: the engine's running slots plus a few, so the
+# engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
+# priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
+CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
 # Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
 BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).

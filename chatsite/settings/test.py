@@ -19,6 +19,6 @@ CACHES = {
         "KEY_PREFIX": "chatsite-test",
     }
 }
-CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests

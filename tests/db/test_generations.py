@@ -1,7 +1,5 @@
 """Generation lifecycle services with the real database and the real Redis (broker queue, replay stream)."""
 
-import json
-
 import pytest
 
 from billing.models import DailyQuota, Tier, UsageRecord
@@ -10,12 +8,12 @@ from conversations import broadcast, generations, services
 from conversations.admission import AdmissionRefused
 from conversations.models import Conversation, Message
 from conversations.selectors import ConversationNotFound
+from tests.conftest import broker_take
 
 pytestmark = pytest.mark.django_db
 
 
-def queued_task_ids(redis_client, queue="inference.free"):
-    return [json.loads(raw)["headers"]["argsrepr"] for raw in redis_client.lrange(queue, 0, -1)]
+MODEL_QUEUE = "inference.smollm2-135m-instruct"
 
 
 def test_send_stores_user_and_queued_reply_and_dispatches_on_commit(
@@ -29,15 +27,20 @@ def test_send_stores_user_and_queued_reply_and_dispatches_on_commit(
     assert (user_msg.role, user_msg.content, user_msg.status) == ("user", "Hello there", "completed")
     assert (reply.role, reply.status, reply.content) == ("assistant", "queued", "")
     assert ticket.message == reply and ticket.user_message_id == user_msg.id and ticket.position == 1
-    assert queued_task_ids(redis_clean) == [f"[{reply.id}]"]
+    assert broker_take(MODEL_QUEUE) == [([reply.id], 0)]
 
 
-def test_paid_user_is_routed_to_paid_queue(make_user, redis_clean, django_capture_on_commit_callbacks):
+def test_replies_go_to_the_model_queue_with_the_tier_priority_and_paid_is_delivered_first(
+    alice, make_user, redis_clean, django_capture_on_commit_callbacks
+):
     carol = make_user("carol", tier="paid")
     with django_capture_on_commit_callbacks(execute=True):
-        ticket = generations.reply_request(user=carol, conversation_id=None, content="hi")
-    assert queued_task_ids(redis_clean, "inference.paid") == [f"[{ticket.message.id}]"]
-    assert queued_task_ids(redis_clean, "inference.free") == []
+        free = generations.reply_request(user=alice, conversation_id=None, content="first, free")
+    with django_capture_on_commit_callbacks(execute=True):
+        paid = generations.reply_request(user=carol, conversation_id=None, content="second, paid")
+    assert paid.position == 1  # ahead of the older free reply
+    # RabbitMQ's priority queue delivers the later paid request before the earlier free one.
+    assert broker_take(MODEL_QUEUE) == [([paid.message.id], 10), ([free.message.id], 0)]
 
 
 @pytest.mark.parametrize("content", ["", "   ", "x" * 20001])

@@ -168,8 +168,9 @@ async def test_killed_worker_leaves_reply_interrupted_not_streaming(
 ):
     from inference.worker import LEASE_TTL_S, reap_interrupted
 
-    # The victim alone serves a queue of its own, so it is certainly the one generating this reply.
-    await database_sync_to_async(Tier.objects.filter(name="free").update)(queue_name="inference.victim")
+    # The victim alone serves a queue of its own, so it is certainly the one generating this reply: replies of
+    # the free tier name a model whose queue only the victim consumes (its engine serves the default weights).
+    await database_sync_to_async(Tier.objects.filter(name="free").update)(model_name="victim")
     victim = await asyncio.to_thread(worker_factory, "victim", "inference.victim")
     await database_sync_to_async(reply_tokens)(400)
     ws = await open_socket(session_cookie)
