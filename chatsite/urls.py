@@ -7,5 +7,6 @@ urlpatterns = [
     path("", home, name="home"),
     path("accounts/", include("accounts.urls")),
     path("chat/", include("conversations.urls")),
+    path("billing/", include("billing.urls")),
     path("admin/", admin.site.urls),
 ]
