@@ -117,15 +117,10 @@ def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     )
 
 
-def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
-    """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
-
-    ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
-    Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
-    max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
-    transaction the quota is only checked. Counts one request against the per-minute rate when the load
-    and concurrency checks passed."""
-    tier = user.tier
+def load_gate(*, tier) -> tuple[str, float, bool]:
+    """The load part of admission alone: ``route(tier)`` then the hard cap and the tier's threshold. Raises
+    ``AdmissionRefused`` (``no_workers``/``busy``). Reads only cached figures, so a caller can refuse before
+    opening a transaction; returns ``(model_name, expected_wait_s, degraded)``."""
     model_name, wait, degraded = route(tier=tier)
     if wait > settings.ADMISSION_HARD_CAP_WAIT_S:
         raise AdmissionRefused(
@@ -139,6 +134,19 @@ def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admissio
             f"The service is busy for the {tier.display_name or tier.name} plan right now; retrying shortly.",
             retry_after=_retry_after(wait, tier.admit_max_wait_s),
         )
+    return model_name, wait, degraded
+
+
+def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+    """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
+
+    ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
+    Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
+    max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
+    transaction the quota is only checked. Counts one request against the per-minute rate when the load
+    and concurrency checks passed."""
+    tier = user.tier
+    model_name, wait, degraded = load_gate(tier=tier)
     if active_generation_count(user=user) >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",
@@ -171,6 +179,7 @@ def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admissio
         remaining = quota_status(user=user).remaining
         if remaining < needed:
             raise _quota_refusal(tier, remaining=remaining, needed=needed)
+    load.note_admitted(model_name=model_name, priority=tier.queue_priority)
     return admission
 
 

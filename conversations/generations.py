@@ -21,7 +21,7 @@ from django.utils import timezone
 from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import broadcast
-from conversations.admission import Admission, admission_check, prompt_tokens_upper_bound
+from conversations.admission import Admission, admission_check, load_gate, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
@@ -107,6 +107,7 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
         raise GenerationError(
             "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
         )
+    load_gate(tier=user.tier)  # refuse under overload before opening a transaction (cached figures only)
     with transaction.atomic():
         if conversation_id is None:
             conversation = conversation_create(owner=user, title=title_from_content(content))

@@ -37,6 +37,9 @@ from inference import fleet
 
 _cache: dict[tuple, tuple[float, object]] = {}
 _cache_lock = threading.Lock()
+# Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
+# taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
+_recent: list[tuple[float, str, int]] = []
 
 
 def _cached(key: tuple, compute):
@@ -53,9 +56,19 @@ def _cached(key: tuple, compute):
 
 
 def clear_cache() -> None:
-    """Forget cached fleet and queue reads (tests; an operator's shell)."""
+    """Forget cached fleet and queue reads and recent admissions (tests; an operator's shell)."""
     with _cache_lock:
         _cache.clear()
+        _recent.clear()
+
+
+def note_admitted(*, model_name: str, priority: int) -> None:
+    """Record that this process just admitted a request for ``model_name`` (see :func:`queued_ahead`)."""
+    now = time.monotonic()
+    horizon = now - 2 * settings.ADMISSION_LOAD_CACHE_S - 1
+    with _cache_lock:
+        _recent[:] = [r for r in _recent if r[0] > horizon]
+        _recent.append((now, model_name, priority))
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,11 @@ def fleet_load() -> dict[str, ModelLoad]:
 
 def queued_ahead(*, model_name: str, priority: int) -> int:
     """Replies queued (not yet claimed by a worker) for ``model_name`` whose tier priority is >= ``priority``:
-    those a priority broker queue hands out before a new request of that priority (cached)."""
-    return _cached(
-        ("queued", model_name, priority),
+    those a priority broker queue hands out before a new request of that priority. The count is cached;
+    requests this process admitted since the cached read are added to it."""
+    key = ("queued", model_name, priority)
+    count = _cached(
+        key,
         lambda: Message.objects.filter(
             role=Message.Role.ASSISTANT,
             status=Message.Status.QUEUED,
@@ -106,6 +121,10 @@ def queued_ahead(*, model_name: str, priority: int) -> int:
             conversation__owner__tier__queue_priority__gte=priority,
         ).count(),
     )
+    with _cache_lock:
+        read_at = _cache[key][0] if key in _cache else time.monotonic()
+        since = sum(1 for t, m, p in _recent if t >= read_at and m == model_name and p >= priority)
+    return count + since
 
 
 def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:

@@ -98,6 +98,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     final: FinishEvent | None = None
     for event in handle.events():
         if isinstance(event, TokenEvent):
+            host.note_tokens()
             broadcast.publish(
                 message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
             )

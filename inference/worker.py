@@ -49,6 +49,8 @@ class WorkerHost:
         self.started_at = time.time()
         self.draining = False
         self._decode_samples: list[tuple[float, int]] = []
+        # Tokens streamed by this process's replies: the decode rate's source until the engine counts them.
+        self._tokens_streamed = 0
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -81,6 +83,8 @@ class WorkerHost:
         load = self.engine.load()
         now = time.monotonic()
         total = getattr(load, "decode_tokens_total", None)
+        if total is None:
+            total = self._tokens_streamed
         tps = 0.0
         if total is not None:
             self._decode_samples.append((now, total))
@@ -124,6 +128,10 @@ class WorkerHost:
             with self._lock:
                 self._active.pop(message_id, None)
             self._redis.delete(broadcast.lease_key(message_id))
+
+    def note_tokens(self, count: int = 1) -> None:
+        """Count ``count`` generated tokens streamed to a user (the fallback decode-rate source)."""
+        self._tokens_streamed += count  # a lost increment under a thread race only blurs a rate estimate
 
     def cancel(self, message_id: int) -> bool:
         with self._lock:

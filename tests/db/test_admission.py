@@ -115,6 +115,22 @@ def test_a_draining_or_expired_worker_does_not_count(alice, fleet_settings, redi
     assert refused.value.code == "no_workers"  # load is checked first
 
 
+def test_a_burst_inside_one_cache_period_is_not_admitted_on_the_same_stale_figure(
+    make_user, fleet_settings, redis_clean
+):
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 60.0  # every admission below reads the same cached figures
+    saturate(waiting=0)
+    outcomes = []
+    for i in range(14):
+        try:
+            send(make_user(f"burst{i}"))
+            outcomes.append("queued")
+        except AdmissionRefused as exc:
+            outcomes.append(exc.code)
+    # Each admitted request adds 1 s of expected wait: the free threshold (10 s) stops the burst.
+    assert outcomes == ["queued"] * 11 + ["busy"] * 3
+
+
 def test_fleet_read_is_cached_for_a_second(alice, fleet_settings, redis_clean):
     saturate(waiting=0)
     assert load.expected_wait_s(tier=alice.tier) == 0.0
