@@ -137,6 +137,13 @@ def load_gate(*, tier) -> tuple[str, float, bool]:
     return model_name, wait, degraded
 
 
+def load_gate_for_user(*, user) -> tuple[str, float, bool]:
+    """:func:`load_gate` for ``user``'s tier (read through the 1 s cache). The WebSocket consumer runs it
+    off Channels' single database thread, so refusals under overload do not queue behind other clients'
+    transactions."""
+    return load_gate(tier=load.cached_tier(user.tier_id))
+
+
 def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
     """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
 

@@ -12,7 +12,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 from pydantic import ValidationError
 
-from conversations import broadcast, generations
+from conversations import admission, broadcast, generations
 from conversations.admission import AdmissionRefused
 from conversations.protocol import RegenerateFrame, ResumeFrame, SendFrame, StopFrame, parse_client_frame
 from conversations.selectors import message_get_for_user
@@ -74,13 +74,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except Http404 as exc:
             await self.send_error("not_found", str(exc) or "Not found.")
 
+    async def admission_gate(self):
+        # Cached figures only; thread_sensitive=False keeps refusals off the one thread that runs every
+        # client's database work, so they take milliseconds while the stack is saturated.
+        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(user=self.user)
+
     async def handle_send(self, frame: SendFrame):
+        await self.admission_gate()
         ticket = await database_sync_to_async(generations.reply_request)(
             user=self.user, conversation_id=frame.conversation_id, content=frame.content
         )
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
+        await self.admission_gate()
         ticket = await database_sync_to_async(generations.reply_regenerate)(
             user=self.user, conversation_id=frame.conversation_id
         )

@@ -13,9 +13,11 @@ no more than a dictionary lookup most of the time:
 
 Formula, for a model ``m`` and a request of priority ``p``::
 
-    ahead   = sum(waiting in the engines serving m) + queued(m, priority >= p)
-    rate    = sum(decode_tokens_per_s of those engines)           # tokens/s the fleet generates for m
-              (ADMISSION_DECODE_TOKENS_PER_S per worker while a worker reports none, e.g. when idle)
+    ahead   = min(sum(waiting in the engines serving m), streaming(m, priority >= p))
+              + queued(m, priority >= p)
+    rate    = sum(decode_tokens_per_s of those engines) while they have requests waiting (saturated: this
+              is their capacity, remembered per model); otherwise the remembered capacity per worker
+              (ADMISSION_DECODE_TOKENS_PER_S until one was measured) times the number of workers
     wait(m, p) = ahead * ADMISSION_MEAN_REPLY_TOKENS / rate        # 0 when nothing is ahead
 
 i.e. a request starts when the ``ahead`` requests before it have started, and a continuously batched fleet
@@ -31,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db.models import Count, Q
 
 from conversations.models import Message
 from inference import fleet
@@ -40,6 +43,8 @@ _cache_lock = threading.Lock()
 # Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
 # taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
 _recent: list[tuple[float, str, int]] = []
+# Decode rate (tokens/s) last measured per model while its engines had requests waiting: their capacity.
+_capacity: dict[str, float] = {}
 
 
 def _cached(key: tuple, compute):
@@ -55,11 +60,18 @@ def _cached(key: tuple, compute):
     return value
 
 
-def clear_cache() -> None:
-    """Forget cached fleet and queue reads and recent admissions (tests; an operator's shell)."""
+def forget_reads() -> None:
+    """Forget cached fleet and queue reads and recent admissions; keep the learned capacity."""
     with _cache_lock:
         _cache.clear()
         _recent.clear()
+
+
+def clear_cache() -> None:
+    """Forget everything this process learned about the fleet (tests; an operator's shell)."""
+    forget_reads()
+    with _cache_lock:
+        _capacity.clear()
 
 
 def note_admitted(*, model_name: str, priority: int) -> None:
@@ -92,39 +104,64 @@ def fleet_load() -> dict[str, ModelLoad]:
         for worker in fleet.live_workers():
             if worker.ready and not worker.draining:
                 by_model.setdefault(worker.model, []).append(worker)
-        fallback = settings.ADMISSION_DECODE_TOKENS_PER_S
-        return {
-            model: ModelLoad(
+        loads = {}
+        for model, workers in by_model.items():
+            waiting = sum(w.waiting for w in workers)
+            measured = sum(w.decode_tokens_per_s for w in workers)
+            if waiting > 0 and measured > 0:
+                _capacity[model] = measured / len(workers)  # saturated: the measured rate is the capacity
+            per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
+            loads[model] = ModelLoad(
                 model=model,
                 workers=len(workers),
-                waiting=sum(w.waiting for w in workers),
+                waiting=waiting,
                 running=sum(w.running for w in workers),
-                decode_tokens_per_s=sum(w.decode_tokens_per_s or fallback for w in workers),
+                # Saturated engines run at their measured rate; a partly idle fleet could run faster.
+                decode_tokens_per_s=measured
+                if waiting > 0 and measured > 0
+                else max(measured, per_worker * len(workers)),
             )
-            for model, workers in by_model.items()
-        }
+        return loads
 
     return _cached(("fleet",), compute)
 
 
-def queued_ahead(*, model_name: str, priority: int) -> int:
-    """Replies queued (not yet claimed by a worker) for ``model_name`` whose tier priority is >= ``priority``:
-    those a priority broker queue hands out before a new request of that priority. The count is cached;
-    requests this process admitted since the cached read are added to it."""
-    key = ("queued", model_name, priority)
-    count = _cached(
-        key,
-        lambda: Message.objects.filter(
+def cached_tier(tier_id: int):
+    """The :class:`~billing.models.Tier` row ``tier_id`` (cached like the load figures)."""
+    from billing.models import Tier
+
+    return _cached(("tier", tier_id), lambda: Tier.objects.get(pk=tier_id))
+
+
+def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
+    """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
+    are those a priority broker queue hands out before a new request of that priority; streaming ones are
+    in an engine (running or waiting). One indexed query, cached; requests this process admitted since
+    the cached read are added to ``queued``."""
+    key = ("active", model_name, priority)
+
+    def compute() -> tuple[int, int]:
+        counts = Message.objects.filter(
             role=Message.Role.ASSISTANT,
-            status=Message.Status.QUEUED,
+            status__in=Message.ACTIVE_STATUSES,
             model_name=model_name,
             conversation__owner__tier__queue_priority__gte=priority,
-        ).count(),
-    )
+        ).aggregate(
+            queued=Count("id", filter=Q(status=Message.Status.QUEUED)),
+            streaming=Count("id", filter=Q(status=Message.Status.STREAMING)),
+        )
+        return counts["queued"], counts["streaming"]
+
+    queued, streaming = _cached(key, compute)
     with _cache_lock:
         read_at = _cache[key][0] if key in _cache else time.monotonic()
         since = sum(1 for t, m, p in _recent if t >= read_at and m == model_name and p >= priority)
-    return count + since
+    return queued + since, streaming
+
+
+def queued_ahead(*, model_name: str, priority: int) -> int:
+    """Replies queued for ``model_name`` at priority >= ``priority`` (see :func:`active_at_or_above`)."""
+    return active_at_or_above(model_name=model_name, priority=priority)[0]
 
 
 def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
@@ -134,7 +171,9 @@ def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
     load = fleet_load().get(model_name)
     if load is None:
         return None
-    ahead = load.waiting + queued_ahead(model_name=model_name, priority=tier.queue_priority)
+    queued, streaming = active_at_or_above(model_name=model_name, priority=tier.queue_priority)
+    # Engines admit by priority too: of their waiting requests at most those of priority >= p are ahead.
+    ahead = min(load.waiting, streaming) + queued
     if ahead <= 0:
         return 0.0
     return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)

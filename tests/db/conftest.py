@@ -37,7 +37,7 @@ def publish_worker(status, *, ttl_s: int = 300) -> None:
 
     status.updated_at = time.time()
     broadcast.redis_client().set(fleet.status_key(status.worker_id), json.dumps(asdict(status)), ex=ttl_s)
-    load.clear_cache()
+    load.forget_reads()
 
 
 def clear_fleet() -> None:

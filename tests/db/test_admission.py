@@ -28,8 +28,29 @@ def carol(make_user):
     return make_user("carol", tier="paid")
 
 
-def saturate(waiting: int, *, model: str = MODEL, **extra) -> None:
-    publish_worker(fake_worker(model, waiting=waiting, running=32, **extra))
+def in_engine(count: int, *, model: str = MODEL, tier: str = "free") -> None:
+    """``count`` replies of a ``tier`` user that a worker claimed (``streaming``): in an engine, waiting."""
+    if not count:
+        return
+    from django.contrib.auth import get_user_model
+
+    from billing.services import tiers_ensure
+
+    tiers_ensure()
+    filler, _ = get_user_model().objects.get_or_create(
+        username=f"filler-{tier}", defaults={"tier": Tier.objects.get(name=tier)}
+    )
+    conversation = services.conversation_create(owner=filler)
+    for _ in range(count):
+        services.message_create(
+            conversation=conversation, role="assistant", content="", status="streaming", model_name=model
+        )
+
+
+def saturate(waiting: int, *, model: str = MODEL, tier: str = "free", index: int = 0, **extra) -> None:
+    """A worker whose engine runs a full batch and has ``waiting`` requests of ``tier`` users waiting."""
+    in_engine(waiting, model=model, tier=tier)
+    publish_worker(fake_worker(model, index=index, waiting=waiting, running=32, **extra))
 
 
 def send(user, content="hi"):
@@ -58,17 +79,18 @@ def test_everyone_is_admitted_again_when_the_wait_falls_below_the_threshold(
     saturate(waiting=20)
     with pytest.raises(AdmissionRefused):
         send(alice)
-    saturate(waiting=5)
+    Message.objects.filter(status="streaming").update(status="completed")  # 15 of them finished
+    publish_worker(fake_worker(MODEL, waiting=5, running=32))
     assert send(alice).message.status == Message.Status.QUEUED
 
 
 def test_beyond_the_hard_cap_everyone_is_refused(alice, carol, fleet_settings, redis_clean):
-    saturate(waiting=150)
+    saturate(waiting=150, tier="paid")
     for user in (alice, carol):
         with pytest.raises(AdmissionRefused) as refused:
             send(user)
         assert refused.value.code == "busy" and refused.value.retry_after >= 5
-    assert not Message.objects.exists()
+    assert not Message.objects.filter(conversation__owner__in=[alice, carol]).exists()
 
 
 def test_queued_free_replies_delay_free_requests_but_not_paid_ones(
@@ -131,6 +153,32 @@ def test_a_burst_inside_one_cache_period_is_not_admitted_on_the_same_stale_figur
     assert outcomes == ["queued"] * 11 + ["busy"] * 3
 
 
+def test_free_requests_waiting_in_an_engine_are_not_ahead_of_paid_ones(
+    alice, carol, fleet_settings, redis_clean
+):
+    """Engines admit by priority: free requests waiting there do not delay a paid request."""
+    saturate(waiting=30)
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(30.0)
+    assert load.expected_wait_s(tier=carol.tier) == 0.0
+    in_engine(4, tier="paid")
+    load.clear_cache()
+    assert load.expected_wait_s(tier=carol.tier) == pytest.approx(4.0)  # at most 4 paid ones are waiting
+
+
+def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_settings, redis_clean):
+    saturate(waiting=10, decode_tokens_per_s=50.0)  # measured while saturated: 50 tok/s, not the 100 assumed
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(10 * 100 / 50)
+    Message.objects.filter(status="streaming").update(status="completed")
+    publish_worker(fake_worker(MODEL, waiting=0, running=3, decode_tokens_per_s=20.0))
+    in_engine(0)
+    conversation = services.conversation_create(owner=alice)
+    services.message_create(
+        conversation=conversation, role="assistant", content="", status="queued", model_name=MODEL
+    )
+    load.forget_reads()  # keep the learned capacity
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(1 * 100 / 50)
+
+
 def test_fleet_read_is_cached_for_a_second(alice, fleet_settings, redis_clean):
     saturate(waiting=0)
     assert load.expected_wait_s(tier=alice.tier) == 0.0
@@ -153,7 +201,7 @@ def two_models(fleet_settings):
 
 def test_free_tier_moves_to_its_degrade_model_under_load_and_is_told(make_user, two_models, redis_clean):
     dave = make_user("dave")
-    publish_worker(fake_worker("big", waiting=8, running=32))  # 8 s: over degrade_after (5), under admit (10)
+    saturate(waiting=8, model="big")  # 8 s: over degrade_after (5), under admit (10)
     publish_worker(fake_worker("small", index=1))
     ticket = send(dave)
     assert ticket.message.model_name == "small"
@@ -166,7 +214,7 @@ def test_free_tier_moves_to_its_degrade_model_under_load_and_is_told(make_user, 
 
 def test_free_tier_keeps_its_model_when_load_is_low(make_user, two_models, redis_clean):
     dave = make_user("dave")
-    publish_worker(fake_worker("big", waiting=2, running=1))
+    saturate(waiting=2, model="big")
     publish_worker(fake_worker("small", index=1))
     ticket = send(dave)
     assert ticket.message.model_name == "big" and ticket.notice == ""
@@ -182,8 +230,8 @@ def test_degraded_request_is_still_refused_when_the_fallback_is_over_the_thresho
     make_user, two_models, redis_clean
 ):
     dave = make_user("dave")
-    publish_worker(fake_worker("big", waiting=30))
-    publish_worker(fake_worker("small", index=1, waiting=20))
+    saturate(waiting=30, model="big")
+    saturate(waiting=20, model="small", index=1)
     with pytest.raises(AdmissionRefused) as refused:
         send(dave)
     assert refused.value.code == "busy"
