@@ -12,7 +12,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 from pydantic import ValidationError
 
-from conversations import admission, broadcast, generations
+from conversations import admission, broadcast, generations, load
 from conversations.admission import AdmissionRefused
 from conversations.protocol import RegenerateFrame, ResumeFrame, SendFrame, StopFrame, parse_client_frame
 from conversations.selectors import message_get_for_user
@@ -75,8 +75,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("not_found", str(exc) or "Not found.")
 
     async def admission_gate(self):
-        # Cached figures only; thread_sensitive=False keeps refusals off the one thread that runs every
-        # client's database work, so they take milliseconds while the stack is saturated.
+        # Refuse under overload in milliseconds: from the 1 s cache right here on the event loop, else on a
+        # worker thread (thread_sensitive=False: not queued behind other clients' database work).
+        try:
+            with load.cached_only():
+                admission.load_gate_for_user(user=self.user)
+            return
+        except load.CacheMiss:
+            pass
         await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(user=self.user)
 
     async def handle_send(self, frame: SendFrame):

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -47,6 +49,24 @@ _recent: list[tuple[float, str, int]] = []
 _capacity: dict[str, float] = {}
 
 
+_cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
+
+
+class CacheMiss(Exception):
+    """Raised inside :func:`cached_only` when a figure would need Redis or PostgreSQL."""
+
+
+@contextmanager
+def cached_only():
+    """Within this block every read is served from the cache or raises :class:`CacheMiss`: lets an async
+    caller (the WebSocket consumer) decide admission on its event loop, without a thread hop, when fresh."""
+    token = _cached_only.set(True)
+    try:
+        yield
+    finally:
+        _cached_only.reset(token)
+
+
 def _cached(key: tuple, compute):
     ttl = settings.ADMISSION_LOAD_CACHE_S
     now = time.monotonic()
@@ -54,6 +74,8 @@ def _cached(key: tuple, compute):
         hit = _cache.get(key)
         if hit is not None and now - hit[0] < ttl:
             return hit[1]
+    if _cached_only.get():
+        raise CacheMiss(key)
     value = compute()
     with _cache_lock:
         _cache[key] = (now, value)

@@ -271,3 +271,14 @@ def test_a_rolled_back_admission_holds_no_quota(alice, fleet_settings, redis_cle
         assert admission.quota is not None and admission.reserved_tokens == alice.tier.max_context_tokens
         transaction.set_rollback(True)
     assert not DailyQuota.objects.filter(reserved_tokens__gt=0).exists()
+
+
+def test_cached_only_reads_serve_fresh_figures_and_miss_otherwise(alice, fleet_settings, redis_clean):
+    from conversations.admission import load_gate_for_user
+
+    saturate(waiting=0)
+    with pytest.raises(load.CacheMiss), load.cached_only():
+        load_gate_for_user(user=alice)
+    assert load_gate_for_user(user=alice)[1] == 0.0  # fills the cache
+    with load.cached_only():
+        assert load_gate_for_user(user=alice)[0] == MODEL
