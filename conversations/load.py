@@ -15,9 +15,10 @@ Formula, for a model ``m`` and a request of priority ``p``::
 
     ahead   = min(sum(waiting in the engines serving m), streaming(m, priority >= p))
               + queued(m, priority >= p)
-    rate    = sum(decode_tokens_per_s of those engines) while they have requests waiting (saturated: this
-              is their capacity, remembered per model); otherwise the remembered capacity per worker
-              (ADMISSION_DECODE_TOKENS_PER_S until one was measured) times the number of workers
+    rate    = capacity per worker x workers, where the capacity is the decode tokens/s measured while the
+              engines had requests waiting (saturated), best recent reading decaying 10 % per read;
+              ADMISSION_DECODE_TOKENS_PER_S until one was measured; an unsaturated fleet's own measured
+              rate when higher
     wait(m, p) = ahead * ADMISSION_MEAN_REPLY_TOKENS / rate        # 0 when nothing is ahead
 
 i.e. a request starts when the ``ahead`` requests before it have started, and a continuously batched fleet
@@ -131,7 +132,10 @@ def fleet_load() -> dict[str, ModelLoad]:
             waiting = sum(w.waiting for w in workers)
             measured = sum(w.decode_tokens_per_s for w in workers)
             if waiting > 0 and measured > 0:
-                _capacity[model] = measured / len(workers)  # saturated: the measured rate is the capacity
+                # Saturated: the measured rate is the capacity. A 5 s window full of prefill reads low, so
+                # keep the best recent figure, decaying 10 % per reading towards newer measurements.
+                previous = _capacity.get(model, 0.0)
+                _capacity[model] = max(measured / len(workers), 0.9 * previous)
             per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
             loads[model] = ModelLoad(
                 model=model,
@@ -139,7 +143,7 @@ def fleet_load() -> dict[str, ModelLoad]:
                 waiting=waiting,
                 running=sum(w.running for w in workers),
                 # Saturated engines run at their measured rate; a partly idle fleet could run faster.
-                decode_tokens_per_s=measured
+                decode_tokens_per_s=per_worker * len(workers)
                 if waiting > 0 and measured > 0
                 else max(measured, per_worker * len(workers)),
             )
