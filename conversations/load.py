@@ -13,7 +13,7 @@ no more than a dictionary lookup most of the time:
 
 Formula, for a model ``m`` and a request of priority ``p``::
 
-    ahead   = min(sum(waiting in the engines serving m), streaming(m, priority >= p))
+    ahead   = min(waiting in m's engines, max(0, streaming(m, priority >= p) - running in m's engines))
               + queued(m, priority >= p)
     rate    = capacity per worker x workers, where the capacity is the decode tokens/s measured while the
               engines had requests waiting (saturated), best recent reading decaying 10 % per read;
@@ -198,8 +198,9 @@ def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
     if load is None:
         return None
     queued, streaming = active_at_or_above(model_name=model_name, priority=tier.queue_priority)
-    # Engines admit by priority too: of their waiting requests at most those of priority >= p are ahead.
-    ahead = min(load.waiting, streaming) + queued
+    # Engines admit by priority too: requests of priority >= p fill the running slots first, so those of them
+    # beyond the running ones are the waiting ones ahead (all waiting ones for the lowest priority).
+    ahead = min(load.waiting, max(0, streaming - load.running)) + queued
     if ahead <= 0:
         return 0.0
     return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)

@@ -47,10 +47,13 @@ def in_engine(count: int, *, model: str = MODEL, tier: str = "free") -> None:
         )
 
 
-def saturate(waiting: int, *, model: str = MODEL, tier: str = "free", index: int = 0, **extra) -> None:
-    """A worker whose engine runs a full batch and has ``waiting`` requests of ``tier`` users waiting."""
-    in_engine(waiting, model=model, tier=tier)
-    publish_worker(fake_worker(model, index=index, waiting=waiting, running=32, **extra))
+def saturate(
+    waiting: int, *, model: str = MODEL, tier: str = "free", index: int = 0, running: int = 4, **extra
+) -> None:
+    """A worker whose engine runs ``running`` requests and has ``waiting`` more waiting, all of ``tier``
+    users (stored as ``streaming`` replies, as a worker's claimed replies are)."""
+    in_engine(running + waiting, model=model, tier=tier)
+    publish_worker(fake_worker(model, index=index, waiting=waiting, running=running, **extra))
 
 
 def send(user, content="hi"):
@@ -79,8 +82,9 @@ def test_everyone_is_admitted_again_when_the_wait_falls_below_the_threshold(
     saturate(waiting=20)
     with pytest.raises(AdmissionRefused):
         send(alice)
-    Message.objects.filter(status="streaming").update(status="completed")  # 15 of them finished
-    publish_worker(fake_worker(MODEL, waiting=5, running=32))
+    for message in Message.objects.filter(status="streaming")[:15]:  # 15 of them finished
+        Message.objects.filter(pk=message.pk).update(status="completed")
+    publish_worker(fake_worker(MODEL, waiting=5, running=4))
     assert send(alice).message.status == Message.Status.QUEUED
 
 
@@ -160,9 +164,12 @@ def test_free_requests_waiting_in_an_engine_are_not_ahead_of_paid_ones(
     saturate(waiting=30)
     assert load.expected_wait_s(tier=alice.tier) == pytest.approx(30.0)
     assert load.expected_wait_s(tier=carol.tier) == 0.0
-    in_engine(4, tier="paid")
+    in_engine(4, tier="paid")  # 4 paid requests running: none of them is waiting
     load.clear_cache()
-    assert load.expected_wait_s(tier=carol.tier) == pytest.approx(4.0)  # at most 4 paid ones are waiting
+    assert load.expected_wait_s(tier=carol.tier) == 0.0
+    in_engine(7, tier="paid")  # 11 paid ones, 4 running slots (fleet says running=4): 7 are waiting
+    load.clear_cache()
+    assert load.expected_wait_s(tier=carol.tier) == pytest.approx(7.0)
 
 
 def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_settings, redis_clean):
