@@ -11,7 +11,10 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app regi
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from chatsite import websocket_limits  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
+
+websocket_limits.apply()
 
 application = ProtocolTypeRouter(
     {

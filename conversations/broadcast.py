@@ -42,12 +42,16 @@ def stream_key(message_id: int) -> str:
 
 
 def lease_key(message_id: int) -> str:
-    """Redis key a worker keeps alive (TTL seconds) while it owns a generation; gone => worker died."""
+    """Redis key a worker keeps alive (TTL seconds) while it owns a generation, holding its fleet id
+    (``host:pid``); gone => worker died."""
     return f"chatsite:lease:{message_id}"
 
 
 #: Seconds a worker's lease on a reply lives without a refresh (the worker refreshes it every 2 s).
-LEASE_TTL_S = 10
+LEASE_TTL_S = 8
+#: Seconds a missing lease is looked at again before its reply counts as orphaned: a Redis restart loses
+#: every lease, and the live workers' heartbeats (every 2 s) put theirs back within this time.
+LEASE_RECHECK_S = 4.5
 
 
 def lease_alive(message_id: int) -> bool:
@@ -184,11 +188,14 @@ def publish(message_id: int, frame: dict[str, Any]) -> None:
     _group_send(message_id, frame)
 
 
-def publish_to_user(user_id: int, frame: dict[str, Any]) -> None:
+def publish_to_user(user_id: int, frame: dict[str, Any], *, session: str = "") -> None:
     """Send ``frame`` to every open socket of ``user_id`` (sync callers). A frame of type ``session_ended``
-    closes those sockets (the consumer closes with 4401 after forwarding it)."""
+    closes those sockets (4401, after forwarding it). ``session`` narrows that: an
+    ``accounts.sessions.session_fingerprint`` closes that session's sockets and those whose session is no
+    longer valid; ``"verify"`` only those whose session is no longer valid."""
     layer = get_channel_layer()
-    _layer_loop.run(layer.group_send(user_group(user_id), {"type": "user.event", "frame": frame}))
+    event = {"type": "user.event", "frame": frame, "session": session}
+    _layer_loop.run(layer.group_send(user_group(user_id), event))
 
 
 def publish_to_user_on_commit(user_id: int, frame: dict[str, Any]) -> None:
@@ -197,8 +204,10 @@ def publish_to_user_on_commit(user_id: int, frame: dict[str, Any]) -> None:
 
 
 def publish_on_commit(message_id: int, frame: dict[str, Any]) -> None:
-    """:func:`publish` once the surrounding transaction commits (immediately outside one)."""
-    transaction.on_commit(lambda: publish(message_id, frame))
+    """:func:`publish` once the surrounding transaction commits (immediately outside one). Robust: the
+    stored state is what counts, so a Redis outage at that moment is logged, not raised (a tab that
+    missed the frame gets it from the database on ``resume``)."""
+    transaction.on_commit(lambda: publish(message_id, frame), robust=True)
 
 
 def request_cancel(message_id: int) -> None:

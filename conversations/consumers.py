@@ -2,24 +2,61 @@
 
 Each browser tab joins the channel-layer group of every reply it watches; generation does not depend on
 the socket, so closing the tab loses nothing and ``resume`` picks the stream up again.
+
+Every frame is answered: limits (size, nesting, rate) and validation come before any service call, a
+frame from a socket whose session ended closes it (4401), and an outage of PostgreSQL or Redis answers
+``unavailable`` instead of dropping the socket (``docs/websocket-protocol.md``).
 """
 
-import json
 import logging
+import time
 
+import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.db import DatabaseError
 from django.http import Http404
 from pydantic import ValidationError
 
+from accounts.sessions import session_fingerprint, session_is_current
 from conversations import admission, broadcast, generations, load
 from conversations.admission import AdmissionRefused
-from conversations.protocol import RegenerateFrame, ResumeFrame, SendFrame, StopFrame, parse_client_frame
+from conversations.protocol import (
+    FrameRejected,
+    RegenerateFrame,
+    ResumeFrame,
+    SendFrame,
+    StopFrame,
+    decode_text_frame,
+    parse_client_frame,
+)
 from conversations.selectors import message_get_for_user
 
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
+#: Errors meaning a backing service (PostgreSQL, Redis) is unreachable, answered ``unavailable``.
+OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+class FrameBucket:
+    """Token bucket limiting one socket's frames: ``rate`` frames/s sustained, ``burst`` at once.
+    ``take()`` returns 0.0 when a frame may pass, else the seconds until one may."""
+
+    def __init__(self, *, rate: float, burst: int, clock=time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens = float(burst)
+        self.stamp = clock()
+
+    def take(self) -> float:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
@@ -29,50 +66,86 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
+        self.ended = False
+        self.session_key, self.session_fp = None, ""
+        self.bucket = FrameBucket(rate=settings.WS_FRAMES_PER_S, burst=settings.WS_FRAME_BURST)
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
         if self.user is None or not self.user.is_authenticated:
+            self.ended = True
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
+        self.session_fp = session_fingerprint(self.session_key)
         self.user_group = broadcast.user_group(self.user.pk)
         await self.channel_layer.group_add(self.user_group, self.channel_name)
 
     async def disconnect(self, code):
-        if getattr(self, "user_group", None):
-            await self.channel_layer.group_discard(self.user_group, self.channel_name)
-        for message_id in getattr(self, "watching", ()):
-            await self.channel_layer.group_discard(broadcast.message_group(message_id), self.channel_name)
-
-    async def decode_json(self, text_data):
         try:
-            return json.loads(text_data)
-        except ValueError:
-            return None
+            if getattr(self, "user_group", None):
+                await self.channel_layer.group_discard(self.user_group, self.channel_name)
+            for message_id in getattr(self, "watching", ()):
+                await self.channel_layer.group_discard(broadcast.message_group(message_id), self.channel_name)
+        except OUTAGE_ERRORS:  # Redis is down: its group memberships expire on their own
+            logger.warning("could not leave channel-layer groups on disconnect", exc_info=True)
 
-    async def receive_json(self, content, **kwargs):
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        if self.ended:
+            return
+        wait = self.bucket.take()
+        if wait:
+            await self.send_error(
+                "rate_limited", "Too many frames on this connection; slow down.", retry_after=round(wait, 2)
+            )
+            return
+        if text_data is None:
+            await self.send_error("invalid_request", "Frames must be JSON text.")
+            return
         try:
-            frame = parse_client_frame(content)
+            frame = parse_client_frame(decode_text_frame(text_data))
+        except FrameRejected as exc:
+            await self.send_error(exc.code, str(exc))
+            return
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"]) or "frame"
             await self.send_error("invalid_request", f"Invalid frame: {where}: {error['msg']}")
             return
         try:
-            if isinstance(frame, SendFrame):
-                await self.handle_send(frame)
-            elif isinstance(frame, RegenerateFrame):
-                await self.handle_regenerate(frame)
-            elif isinstance(frame, StopFrame):
-                await self.handle_stop(frame)
-            elif isinstance(frame, ResumeFrame):
-                await self.handle_resume(frame)
+            if not await database_sync_to_async(session_is_current)(
+                session_key=self.session_key, user_id=self.user.pk
+            ):
+                await self.end_session("expired")
+                return
+            await self.dispatch_frame(frame)
         except AdmissionRefused as exc:
             await self.send_error(exc.code, exc.message, retry_after=exc.retry_after)
         except generations.GenerationError as exc:
             await self.send_error(exc.code, str(exc))
         except Http404 as exc:
             await self.send_error("not_found", str(exc) or "Not found.")
+        except OUTAGE_ERRORS:
+            logger.warning("frame %s failed: a backing service is unavailable", frame.type, exc_info=True)
+            await self.send_error(
+                "unavailable",
+                "The service is briefly unavailable. Try again in a few seconds.",
+                retry_after=settings.ADMISSION_RETRY_AFTER_S,
+            )
+        except Exception:
+            logger.exception("frame %s failed", frame.type)
+            await self.send_error("internal_error", "Something went wrong; nothing was stored.")
+
+    async def dispatch_frame(self, frame):
+        if isinstance(frame, SendFrame):
+            await self.handle_send(frame)
+        elif isinstance(frame, RegenerateFrame):
+            await self.handle_regenerate(frame)
+        elif isinstance(frame, StopFrame):
+            await self.handle_stop(frame)
+        elif isinstance(frame, ResumeFrame):
+            await self.handle_resume(frame)
 
     async def admission_gate(self):
         # Refuse under overload in milliseconds: from the 1 s cache right here on the event loop, else on a
@@ -86,9 +159,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(user=self.user)
 
     async def handle_send(self, frame: SendFrame):
-        await self.admission_gate()
+        if frame.client_id is None:  # a resend with a client_id may be answered from its stored ticket first
+            await self.admission_gate()
         ticket = await database_sync_to_async(generations.reply_request)(
-            user=self.user, conversation_id=frame.conversation_id, content=frame.content
+            user=self.user,
+            conversation_id=frame.conversation_id,
+            content=frame.content,
+            client_id=frame.client_id,
         )
         await self.watch_ticket(ticket)
 
@@ -103,12 +180,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
 
     async def handle_resume(self, frame: ResumeFrame):
-        # Join the group before reading the message: a frame published in between arrives live, and the
-        # browser drops seqs it already has.
-        await self.watch(frame.message_id, check_access=True)
+        # Check access first (joining a group of a foreign id would leak nothing, but costs a membership).
+        # Then join the group before reading the message: a frame published in between arrives live, and
+        # the browser drops seqs it already has.
+        await database_sync_to_async(message_get_for_user)(user=self.user, message_id=frame.message_id)
+        await self.watch(frame.message_id)
         message = await database_sync_to_async(generations.reply_for_resume)(
             user=self.user, message_id=frame.message_id
         )
+        await self.send_state(message, after_seq=frame.after_seq)
+
+    async def send_state(self, message, *, after_seq: int):
+        """Bring the page up to date on ``message``: ``done`` when finished, ``queued`` when waiting, else
+        ``started`` and the tokens with ``seq > after_seq``."""
         if not message.is_active:
             await self.send_json(broadcast.frame_done(message=message))
             return
@@ -121,7 +205,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(
             broadcast.frame_started(message_id=message.id, omitted_messages=message.omitted_messages)
         )
-        for token in await broadcast.replay_tokens(message.id, after_seq=frame.after_seq):
+        for token in await broadcast.replay_tokens(message.id, after_seq=after_seq):
             await self.send_json(token)
 
     async def watch_ticket(self, ticket: "generations.ReplyTicket"):
@@ -133,35 +217,47 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             notice=ticket.notice,
         )
         await self.send_json(frame)
+        if ticket.duplicate and ticket.message.status != ticket.message.Status.QUEUED:
+            # A resend of a message already answered: the page also gets what it missed of the reply.
+            await self.send_state(ticket.message, after_seq=-1)
 
-    async def watch(self, message_id: int, *, check_access: bool = False):
-        if check_access:
-            await database_sync_to_async(message_get_for_user)(user=self.user, message_id=message_id)
+    async def watch(self, message_id: int):
         if message_id not in self.watching:
             await self.channel_layer.group_add(broadcast.message_group(message_id), self.channel_name)
             self.watching.add(message_id)
 
     async def chat_frame(self, event):
         """Channel-layer handler: forward a published frame to the browser."""
-        await self.send_json(event["frame"])
+        if not self.ended:
+            await self.send_json(event["frame"])
 
     async def user_event(self, event):
-        """Channel-layer handler for the user's group: forward the frame; ``session_ended`` also closes."""
-        await self.send_json(event["frame"])
-        if event["frame"].get("type") == "session_ended":
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+        """Channel-layer handler for the user's group: forward the frame. ``session_ended`` closes this
+        socket (4401): always when the event names no session, else when it names this socket's session
+        or this socket's session is no longer valid (``accounts.sessions.end_sessions``)."""
+        frame = event["frame"]
+        if frame.get("type") != "session_ended":
+            await self.send_json(frame)
+            return
+        named = event.get("session") or ""
+        ours = not named or named == self.session_fp
+        if not ours:
+            try:
+                ours = not await database_sync_to_async(session_is_current)(
+                    session_key=self.session_key, user_id=self.user.pk
+                )
+            except OUTAGE_ERRORS:
+                ours = True  # cannot tell: fail closed; the page reconnects and signs in again if valid
+        if ours:
+            await self.end_session(frame.get("reason", "ended"))
+
+    async def end_session(self, reason: str):
+        """Tell the page its session ended and close with 4401; later frames are ignored."""
+        self.ended = True
+        await self.send_json({"type": "session_ended", "reason": reason})
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_error(self, code: str, message: str, *, retry_after=None, message_id=None):
         await self.send_json(
             broadcast.frame_error(code=code, message=message, retry_after=retry_after, message_id=message_id)
         )
-
-    async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        if text_data is None:
-            await self.send_error("invalid_request", "Frames must be JSON text.")
-            return
-        content = await self.decode_json(text_data)
-        if not isinstance(content, dict):
-            await self.send_error("invalid_request", "Frames must be JSON objects.")
-            return
-        await self.receive_json(content, **kwargs)

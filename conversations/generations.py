@@ -9,13 +9,14 @@ text is written once, by :func:`generation_finish`; conditional UPDATEs (``WHERE
 races between Stop, the worker and the reaper without locks held across a generation.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.quota import quota_settle
@@ -46,6 +47,8 @@ class ReplyTicket:
     user_message_id: int | None
     position: int
     notice: str = ""
+    #: True when a resent ``send`` (same ``client_id``) found the ticket stored by the first one.
+    duplicate: bool = False
 
 
 def _notice(admission: Admission) -> str:
@@ -93,9 +96,32 @@ def _queue_reply(*, conversation: Conversation, admission: Admission) -> Message
     return message
 
 
-def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTicket:
+def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
+    user_message = (
+        Message.objects.filter(conversation__owner=user, role=Message.Role.USER, client_id=client_id)
+        .select_related("conversation")
+        .first()
+    )
+    if user_message is None:
+        return None
+    assistant = (
+        user_message.conversation.messages.filter(role=Message.Role.ASSISTANT, id__gt=user_message.id)
+        .order_by("id")
+        .first()
+    )
+    if assistant is None:  # its reply was deleted since; the page already moved on
+        raise GenerationError("invalid_request", "This message was already sent.")
+    position = queue_position(message=assistant) if assistant.status == Message.Status.QUEUED else 0
+    return ReplyTicket(message=assistant, user_message_id=user_message.id, position=position, duplicate=True)
+
+
+def reply_request(*, user, conversation_id: int | None, content: str, client_id=None) -> ReplyTicket:
     """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
     task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
+
+    ``client_id`` (a UUID chosen by the page, the idempotency key): when a user message with that key is
+    already stored, nothing new is stored and its ticket comes back with ``duplicate=True``; the unique
+    constraints settle two resends racing each other.
 
     Raises ``GenerationError("invalid_request")`` for empty/too long content, ``ConversationNotFound``,
     ``AdmissionRefused`` (nothing stored in either case).
@@ -107,18 +133,32 @@ def reply_request(*, user, conversation_id: int | None, content: str) -> ReplyTi
         raise GenerationError(
             "invalid_request", f"The message is longer than {settings.MAX_MESSAGE_CHARS} characters."
         )
+    if client_id is not None:
+        existing = _ticket_for_client_id(user=user, client_id=client_id)
+        if existing is not None:
+            return existing
     load_gate(tier=user.tier)  # refuse under overload before opening a transaction (cached figures only)
-    with transaction.atomic():
-        if conversation_id is None:
-            conversation = conversation_create(owner=user, title=title_from_content(content))
-        else:
-            conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-        admission = admission_check(
-            user=user,
-            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
-        )
-        user_message = message_create(conversation=conversation, role=Message.Role.USER, content=content)
-        assistant = _queue_reply(conversation=conversation, admission=admission)
+    try:
+        with transaction.atomic():
+            if conversation_id is None:
+                conversation = conversation_create(
+                    owner=user, title=title_from_content(content), client_id=client_id
+                )
+            else:
+                conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+            admission = admission_check(
+                user=user,
+                prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+            )
+            user_message = message_create(
+                conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
+            )
+            assistant = _queue_reply(conversation=conversation, admission=admission)
+    except IntegrityError:
+        existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
+        if existing is None:
+            raise
+        return existing
     return ReplyTicket(
         message=assistant,
         user_message_id=user_message.id,
@@ -177,7 +217,7 @@ def reply_for_resume(*, user, message_id: int) -> Message:
     reaper has marked it yet, so a reload never shows a reply streaming forever."""
     message = message_get_for_user(user=user, message_id=message_id)
     if message.status == Message.Status.STREAMING and not broadcast.lease_alive(message.id):
-        if generations_reap_interrupted(message_ids=[message.id]):
+        if generations_reap_interrupted(message_ids=[message.id], recheck_s=broadcast.LEASE_RECHECK_S):
             message.refresh_from_db()
     return message
 
@@ -265,20 +305,27 @@ def generations_reap_interrupted(
     is_alive: Callable[[int], bool] = broadcast.lease_alive,
     grace_s: float = broadcast.LEASE_TTL_S,
     message_ids: list[int] | None = None,
+    recheck_s: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[int]:
     """Mark ``streaming`` replies whose worker is gone (``is_alive(message_id)`` False, e.g. its lease key
     expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, keeping
-    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. Returns the ids
-    marked."""
+    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. With
+    ``recheck_s`` (``broadcast.LEASE_RECHECK_S`` for the reapers) a reply counts as orphaned only if its
+    lease is still missing that many seconds later, so a Redis restart (which loses every lease until the
+    heartbeats put them back) does not interrupt live generations. Returns the ids marked."""
     cutoff = timezone.now() - timedelta(seconds=grace_s)
     candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff)
     if message_ids is not None:
         candidates = candidates.filter(pk__in=message_ids)
-    candidates = candidates.values_list("id", flat=True)
+    orphaned = [
+        message_id for message_id in candidates.values_list("id", flat=True) if not is_alive(message_id)
+    ]
+    if orphaned and recheck_s > 0:
+        sleep(recheck_s)
+        orphaned = [message_id for message_id in orphaned if not is_alive(message_id)]
     reaped = []
-    for message_id in candidates:
-        if is_alive(message_id):
-            continue
+    for message_id in orphaned:
         with transaction.atomic():
             if Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
                 status=Message.Status.INTERRUPTED,
@@ -292,3 +339,38 @@ def generations_reap_interrupted(
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
                 reaped.append(message_id)
     return reaped
+
+
+def generations_redispatch_queued(*, after_s: float | None = None, limit: int = 500) -> list[int]:
+    """Dispatch again every ``queued`` reply that no broker message may deliver: one whose last dispatch
+    (``updated_at``) is at least ``after_s`` seconds (default ``settings.QUEUED_REDISPATCH_S``) and at
+    least half its age ago, so a reply waiting in a long queue is re-sent ever more rarely (O(log wait)
+    copies) while one lost with a dying worker is re-sent within ``after_s`` seconds.
+
+    At-least-once delivery made safe: a duplicate task finds the reply no longer ``queued`` and skips it,
+    since only one ``queued -> streaming`` claim (:func:`generation_start`) can succeed. Several reapers
+    (one per worker) may run at once; the conditional UPDATE of ``updated_at`` lets one of them win each
+    round. Returns the ids re-dispatched, oldest first."""
+    after_s = settings.QUEUED_REDISPATCH_S if after_s is None else after_s
+    now = timezone.now()
+    candidates = (
+        Message.objects.filter(
+            role=Message.Role.ASSISTANT,
+            status=Message.Status.QUEUED,
+            updated_at__lte=now - timedelta(seconds=after_s),
+        )
+        .order_by("id")
+        .values_list("id", "created_at", "updated_at")[:limit]
+    )
+    redispatched = []
+    for message_id, created_at, updated_at in candidates:
+        if now - updated_at < (now - created_at) / 2:
+            continue
+        with transaction.atomic():
+            if not Message.objects.filter(
+                pk=message_id, status=Message.Status.QUEUED, updated_at=updated_at
+            ).update(updated_at=now):
+                continue  # claimed, stopped, or re-dispatched by another reaper meanwhile
+            _dispatch(Message.objects.select_related("conversation__owner__tier").get(pk=message_id))
+        redispatched.append(message_id)
+    return redispatched

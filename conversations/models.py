@@ -14,11 +14,21 @@ class Conversation(models.Model):
     system_prompt = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The idempotency key of the ``send`` that created this conversation (see ``Message.client_id``), so a
+    # resent first message finds its conversation instead of starting a second one.
+    client_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         ordering = ["-updated_at", "-id"]
         # The sidebar pages through one user's conversations, newest first.
         indexes = [models.Index(fields=["owner", "-updated_at", "-id"], name="conv_owner_updated_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="conv_owner_client_id_uniq",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.title or f"Conversation {self.pk}"
@@ -56,6 +66,9 @@ class Message(models.Model):
     error = models.TextField(blank=True, default="")
     # How many earlier messages the token-counted sliding window left out of this reply's context.
     omitted_messages = models.PositiveIntegerField(default=0)
+    # A user message's idempotency key: the UUID the page chose for its ``send`` frame. A resend with the
+    # same key answers with the stored ticket instead of storing a second message and reply.
+    client_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -70,6 +83,13 @@ class Message(models.Model):
                 name="msg_active_status_idx",
                 condition=models.Q(status__in=["queued", "streaming"]),
             ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="msg_conv_client_id_uniq",
+            )
         ]
 
     def __str__(self) -> str:

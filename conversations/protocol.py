@@ -1,8 +1,54 @@
-"""Client -> server WebSocket frames (``docs/websocket-protocol.md``), validated with pydantic."""
+"""Client -> server WebSocket frames (``docs/websocket-protocol.md``), validated with pydantic.
 
+Besides the frame shapes this module holds the limits every frame is checked against before it reaches a
+service: :data:`MAX_FRAME_BYTES` (checked on the raw text, before JSON parsing), ids within PostgreSQL's
+``bigint`` range, and text free of NUL characters and lone surrogates (PostgreSQL refuses both in ``text``).
+"""
+
+import json
+import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+
+#: Largest text frame the consumer parses, in UTF-8 bytes (64 KiB: a 16,000-character message needs at most
+#: ~64 KB of JSON). Larger frames get ``invalid_request``; daphne itself drops frames over its own
+#: ``--websocket-max-message-size`` (1 MiB) with close code 1009.
+MAX_FRAME_BYTES = 64 * 1024
+#: Largest JSON nesting depth accepted; the protocol needs 2 (a frame object holding scalars).
+MAX_JSON_DEPTH = 32
+#: Ids are PostgreSQL ``bigint`` primary keys.
+MAX_ID = 2**63 - 1
+
+
+class FrameRejected(ValueError):
+    """A frame refused before validation; ``code`` is the protocol error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _clean_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must not contain lone surrogates (invalid Unicode)") from None
+    return value
+
+
+def _uuid_text(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValueError("must be a UUID") from None
+
+
+Text = Annotated[str, AfterValidator(_clean_text)]
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+ClientId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_uuid_text)]
 
 
 class _Frame(BaseModel):
@@ -10,33 +56,35 @@ class _Frame(BaseModel):
 
 
 class SendFrame(_Frame):
-    """Send a user message; ``conversation_id`` None starts a new conversation."""
+    """Send a user message; ``conversation_id`` None starts a new conversation. ``client_id`` (a UUID the
+    page chooses per message) makes a resend idempotent: the same id answers with the stored ticket."""
 
     type: Literal["send"]
-    conversation_id: int | None = None
-    content: str
+    conversation_id: Id | None = None
+    content: Text
+    client_id: ClientId | None = None
 
 
 class StopFrame(_Frame):
     """Stop generating a reply (its partial text is kept)."""
 
     type: Literal["stop"]
-    message_id: int
+    message_id: Id
 
 
 class ResumeFrame(_Frame):
     """Replay a reply's deltas with ``seq > after_seq`` (-1: all), then follow it live."""
 
     type: Literal["resume"]
-    message_id: int
-    after_seq: int = Field(default=-1, ge=-1)
+    message_id: Id
+    after_seq: int = Field(default=-1, ge=-1, le=MAX_ID)
 
 
 class RegenerateFrame(_Frame):
     """Replace the conversation's last reply with a new one."""
 
     type: Literal["regenerate"]
-    conversation_id: int
+    conversation_id: Id
 
 
 ClientFrame = TypeAdapter(
@@ -47,3 +95,48 @@ ClientFrame = TypeAdapter(
 def parse_client_frame(data) -> SendFrame | StopFrame | ResumeFrame | RegenerateFrame:
     """Validate one decoded JSON frame. Raises ``pydantic.ValidationError`` with the offending field."""
     return ClientFrame.validate_python(data)
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    # Bracket depth counted outside JSON strings: linear and allocation-free, so a 100,000-level document
+    # never reaches json.loads (whose C scanner would raise RecursionError, or worse).
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def decode_text_frame(text: str) -> dict:
+    """Decode one text frame into a JSON object, enforcing the size and nesting limits.
+
+    Raises :class:`FrameRejected` with code ``invalid_request`` (over :data:`MAX_FRAME_BYTES` UTF-8 bytes,
+    not JSON, nested deeper than :data:`MAX_JSON_DEPTH`, not an object).
+    """
+    if len(text) > MAX_FRAME_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES:
+        raise FrameRejected("invalid_request", f"Frames are limited to {MAX_FRAME_BYTES} bytes.")
+    if _depth_exceeds(text, MAX_JSON_DEPTH):
+        raise FrameRejected("invalid_request", f"Frames may nest at most {MAX_JSON_DEPTH} levels deep.")
+    try:
+        content = json.loads(text)
+    except (ValueError, RecursionError):
+        raise FrameRejected("invalid_request", "Frames must be JSON.") from None
+    if not isinstance(content, dict):
+        raise FrameRejected("invalid_request", "Frames must be JSON objects.")
+    return content

@@ -7,6 +7,15 @@ from django.http import Http404
 from conversations.models import Conversation, Message
 
 SIDEBAR_PAGE_SIZE = 30
+#: Primary keys are PostgreSQL ``bigint``; a larger id cannot exist (and would make the query fail).
+MAX_PK = 2**63 - 1
+
+
+def _pk(value) -> int:
+    pk = int(value)
+    if not 1 <= pk <= MAX_PK:
+        raise ValueError("id out of range")
+    return pk
 
 
 class ConversationNotFound(Http404):
@@ -23,7 +32,7 @@ def conversation_get_for_user(*, user, conversation_id) -> Conversation:
     if user is None or not user.is_authenticated:
         raise ConversationNotFound("conversation not found")
     try:
-        return Conversation.objects.get(pk=int(conversation_id), owner=user)
+        return Conversation.objects.get(pk=_pk(conversation_id), owner=user)
     except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
         raise ConversationNotFound("conversation not found") from exc
 
@@ -34,7 +43,7 @@ def message_get_for_user(*, user, message_id) -> Message:
         raise MessageNotFound("message not found")
     try:
         return Message.objects.select_related("conversation").get(
-            pk=int(message_id), conversation__owner=user
+            pk=_pk(message_id), conversation__owner=user
         )
     except (Message.DoesNotExist, TypeError, ValueError) as exc:
         raise MessageNotFound("message not found") from exc

@@ -7,9 +7,12 @@ from conversations.models import Conversation, Message
 TITLE_MAX_CHARS = 60
 
 
-def conversation_create(*, owner, title: str = "", system_prompt: str = "") -> Conversation:
-    """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters."""
-    return Conversation.objects.create(owner=owner, title=title.strip()[:200], system_prompt=system_prompt)
+def conversation_create(*, owner, title: str = "", system_prompt: str = "", client_id=None) -> Conversation:
+    """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters. ``client_id``: the
+    idempotency key of the ``send`` that starts it (unique per owner; raises IntegrityError when taken)."""
+    return Conversation.objects.create(
+        owner=owner, title=title.strip()[:200], system_prompt=system_prompt, client_id=client_id
+    )
 
 
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
@@ -47,10 +50,17 @@ def message_create(
     content: str,
     status: str = Message.Status.COMPLETED,
     model_name: str = "",
+    client_id=None,
 ) -> Message:
-    """Store a message and move its conversation to the top of the sidebar."""
+    """Store a message and move its conversation to the top of the sidebar. ``client_id``: a user message's
+    idempotency key (unique per conversation; raises IntegrityError when taken)."""
     message = Message.objects.create(
-        conversation=conversation, role=role, content=content, status=status, model_name=model_name
+        conversation=conversation,
+        role=role,
+        content=content,
+        status=status,
+        model_name=model_name,
+        client_id=client_id,
     )
     conversation_touch(conversation=conversation)
     return message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from django.conf import settings
 
 from conversations import broadcast
@@ -17,10 +18,13 @@ from conversations.generations import (
     generation_start,
 )
 from conversations.models import Message
+from conversations.outages import DB_OUTAGE_ERRORS, with_db_retry
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
 
 logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
 
 STATUS_BY_FINISH = {
     "stop": Message.Status.COMPLETED,
@@ -40,9 +44,21 @@ def sampling_for(*, max_new_tokens: int) -> SamplingParams:
     )
 
 
+def finish(*, message: Message, **fields) -> str:
+    """``generation_finish`` retried through a PostgreSQL outage of up to ``GENERATION_FINISH_RETRY_S``
+    seconds (``conversations.outages``); returns the stored status."""
+    return with_db_retry(
+        lambda: generation_finish(message=message, **fields), window_s=settings.GENERATION_FINISH_RETRY_S
+    ).status
+
+
 def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
     """Generate, stream and store one queued reply. Returns the final status, or ``"skipped"`` when the
-    reply was no longer queued (stopped before it started, or a redelivered task)."""
+    reply was no longer queued (stopped before it started, or a redelivered task).
+
+    A database outage before the claim raises (the task is retried, and the queued-reply reaper
+    re-dispatches it anyway); one after the claim ends the reply ``interrupted`` with the text streamed so
+    far, written once the database is back."""
     host = host or get_host()
     message = generation_start(message_id=message_id)
     if message is None:
@@ -50,23 +66,31 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
     with host.track(message.id) as request_id:
         try:
             return _generate(host, message, request_id)
-        except ContextTooLong as exc:
-            return generation_finish(
-                message=message, status=Message.Status.FAILED, text="", error=str(exc)
-            ).status
-        except EngineError as exc:
-            return generation_finish(
-                message=message, status=Message.Status.FAILED, text="", error=str(exc)
-            ).status
+        except (ContextTooLong, EngineError) as exc:
+            return finish(message=message, status=Message.Status.FAILED, text="", error=str(exc))
+        except DB_OUTAGE_ERRORS:
+            logger.warning("database unavailable while generating message %s", message.id, exc_info=True)
+            return finish(
+                message=message,
+                status=Message.Status.INTERRUPTED,
+                text=_streamed_text(message.id),
+                error="The database was unavailable while generating this reply. Retry to generate it again.",
+            )
         except Exception:
             logger.exception("generation of message %s failed", message.id)
-            text = broadcast.stream_text(message.id)
-            return generation_finish(
+            return finish(
                 message=message,
                 status=Message.Status.FAILED,
-                text=text,
+                text=_streamed_text(message.id),
                 error="Internal error while generating.",
-            ).status
+            )
+
+
+def _streamed_text(message_id: int) -> str:
+    try:
+        return broadcast.stream_text(message_id)
+    except REDIS_ERRORS:
+        return ""
 
 
 def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
@@ -91,21 +115,32 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         sampling_for(max_new_tokens=max_new_tokens),
         priority=tier.queue_priority,
         request_id=request_id,
+        # Per-user prefix-cache namespace: the next turn reuses this one's KV, and no other user's
+        # timing can reveal this user's text.
+        cache_salt=f"user:{message.conversation.owner_id}",
     )
     # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
     if broadcast.cancel_requested(message.id):
         handle.cancel()
     final: FinishEvent | None = None
+    publish_failures = 0
     for event in handle.events():
         if isinstance(event, TokenEvent):
             host.note_tokens()
-            broadcast.publish(
-                message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
-            )
+            try:
+                broadcast.publish(
+                    message.id, broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text)
+                )
+            except REDIS_ERRORS:
+                # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
+                # final text reaches them in `done` (and from the database on resume).
+                publish_failures += 1
+                if publish_failures == 1:
+                    logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
         else:
             final = event
     assert final is not None, "the engine ends every request with a FinishEvent"
-    return generation_finish(
+    return finish(
         message=message,
         status=STATUS_BY_FINISH[final.finish_reason],
         text=final.text,
@@ -115,4 +150,4 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
         duration_ms=round(final.timings.total_ms),
         error=final.error or "",
-    ).status
+    )

@@ -46,6 +46,9 @@ def engine_config() -> EngineConfig:
         max_waiting=settings.INFERENCE_MAX_WAITING,
         device=settings.INFERENCE_DEVICE,
         num_threads=settings.INFERENCE_NUM_THREADS,
+        adaptive_threads=settings.INFERENCE_ADAPTIVE_THREADS,
+        priority_ageing_s=settings.INFERENCE_PRIORITY_AGEING_S or None,
+        prefix_cache_tokens=settings.INFERENCE_PREFIX_CACHE_TOKENS,
     )
 
 

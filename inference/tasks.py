@@ -2,9 +2,19 @@
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.db import InterfaceError, OperationalError
 
 
-@shared_task(name="inference.generate_reply", acks_late=True, ignore_result=True)
+@shared_task(
+    name="inference.generate_reply",
+    acks_late=True,
+    ignore_result=True,
+    # PostgreSQL unreachable before the claim: try again shortly (the claim makes a retry harmless).
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=6,
+)
 def generate_reply(message_id: int) -> str:
     """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk)."""
     from inference.adapter import run_generation

@@ -7,7 +7,8 @@ host runs three small daemon threads:
 * a **cancel listener** (Redis pub/sub on ``broadcast.CANCEL_CHANNEL``) that cancels a local request the
   moment a user presses Stop, so its slot and KV cache are freed at the next engine step;
 * a **lease heartbeat** that keeps ``broadcast.lease_key(id)`` alive for every reply this process owns;
-* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted``;
+* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted`` and
+  re-dispatches queued replies no broker message may deliver;
 * a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``).
 """
 
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from conversations import broadcast
-from conversations.generations import generations_reap_interrupted
+from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
 from inference import fleet
 from inference.engine import LLMEngine
 from inference.registry import engine_config, model_spec
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_TTL_S = broadcast.LEASE_TTL_S
 LEASE_REFRESH_S = 2.0
-REAPER_INTERVAL_S = 5.0
+REAPER_INTERVAL_S = 2.0
 
 
 class WorkerHost:
@@ -121,13 +122,16 @@ class WorkerHost:
         request_id = f"msg-{message_id}"
         with self._lock:
             self._active[message_id] = request_id
-        self._redis.set(broadcast.lease_key(message_id), self.hostname, ex=LEASE_TTL_S)
+        self._redis.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
         try:
             yield request_id
         finally:
             with self._lock:
                 self._active.pop(message_id, None)
-            self._redis.delete(broadcast.lease_key(message_id))
+            try:
+                self._redis.delete(broadcast.lease_key(message_id))
+            except Exception:  # Redis down: the lease expires by its TTL
+                logger.warning("could not release the lease of message %s", message_id)
 
     def note_tokens(self, count: int = 1) -> None:
         """Count ``count`` generated tokens streamed to a user (the fallback decode-rate source)."""
@@ -163,7 +167,7 @@ class WorkerHost:
             try:
                 pipe = self._redis.pipeline(transaction=False)
                 for message_id in ids:
-                    pipe.set(broadcast.lease_key(message_id), self.hostname, ex=LEASE_TTL_S)
+                    pipe.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
                 pipe.execute()
             except Exception:
                 logger.exception("lease heartbeat failed")
@@ -186,10 +190,14 @@ class WorkerHost:
 
 
 def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
-    """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``)."""
-    reaped = generations_reap_interrupted(grace_s=grace_s)
+    """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``), then
+    re-dispatch queued replies that no broker message may deliver (``generations_redispatch_queued``)."""
+    reaped = generations_reap_interrupted(grace_s=grace_s, recheck_s=broadcast.LEASE_RECHECK_S)
     if reaped:
         logger.warning("marked %d reply(ies) interrupted: %s", len(reaped), reaped)
+    redispatched = generations_redispatch_queued()
+    if redispatched:
+        logger.warning("re-dispatched %d queued reply(ies): %s", len(redispatched), redispatched)
     return reaped
 
 

@@ -4,6 +4,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 ``ImproperlyConfigured`` at start-up instead of silently falling back to a default.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -34,6 +35,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "axes",  # log-in throttling (issue 7)
 ]
 
 MIDDLEWARE = [
@@ -45,6 +47,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -152,6 +155,11 @@ INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
 INFERENCE_MAX_NUM_SEQS = env.int("INFERENCE_MAX_NUM_SEQS", default=32)
 INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=512)
 INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
+# Engine round 2 (issue 9): adaptive CPU threads under contention, priority ageing (0 = strict priority) and
+# the prefix cache (0 = off).
+INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
+INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
+INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
 # Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
@@ -184,3 +192,28 @@ LOGGING = {
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
 INFERENCE_TOP_P = env.float("INFERENCE_TOP_P", default=0.9)
 INFERENCE_REPETITION_PENALTY = env.float("INFERENCE_REPETITION_PENALTY", default=1.1)
+
+# Reliability and security (issue 7): WebSocket frame rate per socket, the queued-reply reaper, the final
+# write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).
+WS_FRAMES_PER_S = env.float("WS_FRAMES_PER_S", default=10.0)
+WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
+# A reply still `queued` this many seconds after its last dispatch is dispatched again (the claim makes a
+# duplicate delivery a no-op), so a broker message lost with a dying worker never strands a reply.
+QUEUED_REDISPATCH_S = env.float("QUEUED_REDISPATCH_S", default=20.0)
+# How long a worker keeps retrying a reply's final write while PostgreSQL is unreachable (seconds).
+GENERATION_FINISH_RETRY_S = env.float("GENERATION_FINISH_RETRY_S", default=60.0)
+# Log-in throttling (django-axes): after AXES_FAILURE_LIMIT failed log-ins for one account, or from one
+# client address, further attempts are refused (429, templates/registration/locked_out.html) for
+# AXES_COOLOFF_MINUTES. Admins unlock in /admin/axes/ or with `manage.py axes_reset[_username|_ip]`.
+AUTHENTICATION_BACKENDS = [
+    "accounts.backends.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_USERNAME_FORM_FIELD = "username"
+# The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.

@@ -77,8 +77,23 @@ class EngineConfig:
             ``max_num_seqs * min(context_length, 2048)``.
         max_waiting: Bound of the waiting queue; ``submit`` raises ``QueueFull`` beyond it.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
-        num_threads: ``torch.set_num_threads`` value for CPU inference; ``None`` keeps torch's
-            default (one per core).
+        num_threads: ``torch.set_num_threads`` value for CPU inference; ``None`` picks
+            :func:`~inference.engine.threads.default_num_threads` (the CPUs this process may run
+            on, see there for why not torch's default). With ``adaptive_threads`` it is the maximum.
+        adaptive_threads: Let the loop thread lower the thread count while other processes keep
+            our CPUs busy, and raise it again when they stop
+            (:class:`~inference.engine.threads.AdaptiveThreads`; only with ``start()``).
+        priority_ageing_s: Priority ageing (anti-starvation): a waiting request's effective
+            priority is ``priority + waited_s / priority_ageing_s``. So a request of priority
+            ``p`` that has waited longer than ``(q - p) * priority_ageing_s`` seconds outranks
+            every request of priority ``q`` that arrives from then on (free 0 vs paid 10 with the
+            default 5 s: at most 50 s behind a continuous paid stream). ``None`` disables ageing
+            (strict priority, FIFO within a priority).
+        prefix_cache_tokens: Capacity of the prefix cache (automatic prefix caching, vLLM; SGLang's
+            RadixAttention) in tokens: the K/V of finished requests kept, keyed by block hashes,
+            so a later prompt that starts with the same tokens (the next turn of a conversation)
+            skips prefilling them. Least recently used blocks are evicted. 0 disables it.
+        prefix_cache_block_size: Tokens per cached block (the hashing and eviction unit).
     """
 
     max_num_seqs: int = 32
@@ -87,6 +102,10 @@ class EngineConfig:
     max_waiting: int = 256
     device: Device = "auto"
     num_threads: int | None = None
+    adaptive_threads: bool = True
+    priority_ageing_s: float | None = 5.0
+    prefix_cache_tokens: int = 8192
+    prefix_cache_block_size: int = 16
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -105,3 +124,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.device must be auto/cpu/cuda, got {self.device!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("EngineConfig.num_threads must be >= 1 (or None)")
+        if self.priority_ageing_s is not None and not self.priority_ageing_s > 0:
+            raise ValueError("EngineConfig.priority_ageing_s must be > 0 (or None to disable ageing)")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError("EngineConfig.prefix_cache_tokens must be >= 0 (0 disables the prefix cache)")
+        if self.prefix_cache_block_size < 1:
+            raise ValueError("EngineConfig.prefix_cache_block_size must be >= 1")

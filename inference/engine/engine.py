@@ -11,6 +11,11 @@ Architecture (Orca's iteration-level scheduling + vLLM's engine loop, TGI-style 
   detokenize incrementally, apply stop conditions, stream events, and free finished slots so
   the next step can admit new work.
 * ``start`` runs ``step`` in a background thread that sleeps on a condition variable when idle.
+* Prefix caching (:mod:`.prefix_cache`): a finished request leaves the K/V of its full token
+  blocks in an LRU store keyed by salted block hashes; a later prompt with the same salt and the
+  same leading tokens skips prefilling them.
+* Step listeners (:meth:`LLMEngine.add_step_listener`) receive a :class:`~.step_stats.StepStats`
+  after every step.
 
 Failures inside a step fail only the requests of that step (``finish_reason="error"``); the
 engine keeps serving.
@@ -23,6 +28,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +39,14 @@ from .detokenizer import OutputProcessor, make_decode_fn
 from .errors import EngineStopped, InvalidRequest, QueueFull
 from .kv_cache import KVCache
 from .loader import LoadedModel, load_model, resolve_device
+from .prefix_cache import PrefixCache
 from .request import (
     FinishEvent,
     FinishReason,
     Request,
     RequestHandle,
     RequestStatus,
+    SampledTokenEvent,
     Timings,
     TokenEvent,
     Usage,
@@ -46,7 +54,8 @@ from .request import (
 from .runner import ModelRunner
 from .sampling import SamplerState, SamplingParams, sample_next_tokens
 from .scheduler import ScheduledStep, Scheduler
-from .threads import release_calling_thread_openmp_pool
+from .step_stats import StepStats
+from .threads import AdaptiveThreads, default_num_threads, release_calling_thread_openmp_pool
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,16 @@ class EngineLoad:
         kv_total_tokens: KV token budget.
         max_num_seqs: Maximum running requests.
         max_waiting: Waiting-queue bound.
+        pending_prefill_tokens: Prompt tokens not yet prefilled (waiting requests in full, plus the
+            rest of partially prefilled ones).
+        pending_decode_tokens: ``max_new_tokens - generated`` summed over waiting and running
+            requests (an upper bound: requests may stop early).
+        decode_tokens_total: Tokens generated since the engine was built (monotonic counter; its
+            rate is the decode throughput).
+        prefix_cache_hit_tokens_total: Prompt tokens served from the prefix cache since start.
+        prefix_cache_query_tokens_total: Prompt tokens of admitted requests since start (the hit
+            rate is ``hit / query``).
+        prefix_cache_tokens: Tokens held in the prefix cache now.
     """
 
     waiting: int
@@ -73,6 +92,12 @@ class EngineLoad:
     kv_total_tokens: int
     max_num_seqs: int
     max_waiting: int
+    pending_prefill_tokens: int = 0
+    pending_decode_tokens: int = 0
+    decode_tokens_total: int = 0
+    prefix_cache_hit_tokens_total: int = 0
+    prefix_cache_query_tokens_total: int = 0
+    prefix_cache_tokens: int = 0
 
 
 class LLMEngine:
@@ -103,8 +128,9 @@ class LLMEngine:
         self.spec: ModelSpec = loaded.spec
         self.model = loaded.model
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
-        if self.config.num_threads is not None and loaded.device.type == "cpu":
-            torch.set_num_threads(self.config.num_threads)
+        self.num_threads = self.config.num_threads or default_num_threads()
+        if loaded.device.type == "cpu":
+            torch.set_num_threads(self.num_threads)
         cfg = self.model.config
         self.context_length = int(
             min(self.spec.context_length, getattr(cfg, "max_position_embeddings", 1 << 30))
@@ -125,7 +151,14 @@ class LLMEngine:
         )
         self._runner = ModelRunner(self.model, self.kv, max_positions=self.context_length)
         self.vocab_size = self._runner.vocab_size
-        self._scheduler = Scheduler(self.kv, self.config.max_num_batched_tokens)
+        self.prefix_cache = PrefixCache(
+            self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens
+        )
+        self._scheduler = Scheduler(
+            self.kv,
+            self.config.max_num_batched_tokens,
+            self.prefix_cache if self.prefix_cache.enabled else None,
+        )
         self._decode = make_decode_fn(loaded.tokenizer)
         self._gen = torch.Generator(device="cpu")
         self._gen.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
@@ -140,6 +173,9 @@ class LLMEngine:
         self._stopping = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._step_listeners: list[Callable[[StepStats], None]] = []
+        self._decode_tokens_total = 0
+        self._step_finished = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -189,14 +225,22 @@ class LLMEngine:
         *,
         priority: int = 0,
         request_id: str | None = None,
+        cache_salt: str | None = None,
+        token_events: bool = False,
     ) -> RequestHandle:
         """Queue a generation request. Thread-safe.
 
         Args:
             prompt_token_ids: Prompt tokens (e.g. from :meth:`render_chat`).
             params: Sampling parameters (defaults to ``SamplingParams()``).
-            priority: Higher is admitted first (paid tier 10, free 0); FIFO within a priority.
+            priority: Higher is admitted first (paid tier 10, free 0), aged by waiting time (see
+                ``EngineConfig.priority_ageing_s``); FIFO within equal aged priority.
             request_id: Caller-chosen unique id; a random hex id by default.
+            cache_salt: Prefix-cache namespace (vLLM's ``cache_salt``): only requests with the same
+                salt share cached prefixes. Pass one per user (e.g. ``"user:42"``) so no user's
+                timing can reveal another's prompts. ``None`` is the shared unsalted namespace.
+            token_events: Also stream a :class:`SampledTokenEvent` for every sampled token
+                (special tokens and EOS included), each before the text it contributes to.
 
         Returns:
             A handle to stream events from / cancel the request.
@@ -215,6 +259,8 @@ class LLMEngine:
         rid = request_id if request_id is not None else uuid.uuid4().hex
         if not isinstance(rid, str) or not rid:
             raise InvalidRequest("request_id must be a non-empty string")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise InvalidRequest(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
         with self._cond:
             if self._stopping or self._stopped:
                 raise EngineStopped("engine is shut down")
@@ -232,7 +278,11 @@ class LLMEngine:
                 arrival_seq=self._arrival_seq,
                 sampler=SamplerState.create(params, prompt),
                 output=OutputProcessor(self._decode, params.stop),
+                cache_salt=cache_salt,
+                token_events=bool(token_events),
             )
+            ageing = self.config.priority_ageing_s
+            req.rank = req.arrival_time / ageing - priority if ageing else float(-priority)
             self._requests[rid] = req
             self._scheduler.add(req)
             self._cond.notify_all()
@@ -288,8 +338,9 @@ class LLMEngine:
             return bool(self._requests)
 
     def load(self) -> EngineLoad:
-        """Current occupancy. Thread-safe."""
+        """Current occupancy and counters. Thread-safe; O(waiting + running)."""
         with self._cond:
+            prefill, decode = self._scheduler.pending_tokens()
             return EngineLoad(
                 waiting=self._scheduler.num_waiting,
                 running=len(self._scheduler.running),
@@ -297,7 +348,26 @@ class LLMEngine:
                 kv_total_tokens=self.kv.budget_tokens,
                 max_num_seqs=self.config.max_num_seqs,
                 max_waiting=self.config.max_waiting,
+                pending_prefill_tokens=prefill,
+                pending_decode_tokens=decode,
+                decode_tokens_total=self._decode_tokens_total,
+                prefix_cache_hit_tokens_total=self.prefix_cache.hit_tokens_total,
+                prefix_cache_query_tokens_total=self.prefix_cache.query_tokens_total,
+                prefix_cache_tokens=self.prefix_cache.num_tokens,
             )
+
+    def add_step_listener(self, fn: Callable[[StepStats], None]) -> None:
+        """Call ``fn(stats)`` on the engine loop thread after every step that ran a batch.
+
+        Keep ``fn`` cheap (it delays the next step); exceptions it raises are logged and swallowed.
+        """
+        with self._cond:
+            self._step_listeners = [*self._step_listeners, fn]
+
+    def remove_step_listener(self, fn: Callable[[StepStats], None]) -> None:
+        """Undo :meth:`add_step_listener` (no error if ``fn`` was not added)."""
+        with self._cond:
+            self._step_listeners = [f for f in self._step_listeners if f != fn]
 
     def queue_position(self, request_id: str) -> int | None:
         """0-based position among waiting requests in admission order; ``None`` if not waiting."""
@@ -317,6 +387,8 @@ class LLMEngine:
         with self._step_lock:
             if self._stopped:
                 return 0
+            started = time.perf_counter()
+            self._step_finished = 0
             with self._cond:
                 self._apply_cancellations()
                 try:
@@ -334,9 +406,37 @@ class LLMEngine:
                 logger.exception("engine step failed for %d requests", len(step.advances))
                 with self._cond:
                     self._fail_requests(step.requests, exc, clear_kv=True)
-                return step.batch.num_tokens
-            self._apply_results(step, tokens)
+                tokens = None
+            if tokens is not None:
+                self._apply_results(step, tokens)
+            if self._step_listeners:
+                self._notify_step(step, started, 0 if tokens is None else len(tokens))
             return step.batch.num_tokens
+
+    def _notify_step(self, step: ScheduledStep, started: float, sampled: int) -> None:
+        b = step.batch
+        with self._cond:
+            stats = StepStats(
+                started_at=started,
+                duration_s=time.perf_counter() - started,
+                num_running=len(self._scheduler.running),
+                num_waiting=self._scheduler.num_waiting,
+                batch_size=len(step.advances),
+                num_prefill_tokens=b.num_tokens - b.num_decode,
+                num_decode_tokens=b.num_decode,
+                num_sampled_tokens=sampled,
+                num_finished=self._step_finished,
+                num_prefix_cache_hit_tokens=step.prefix_hit_tokens,
+                kv_used_tokens=self.kv.used_tokens,
+                kv_total_tokens=self.kv.budget_tokens,
+                num_threads=self.num_threads,
+            )
+            listeners = self._step_listeners
+        for fn in listeners:
+            try:
+                fn(stats)
+            except Exception:
+                logger.exception("step listener %r failed", fn)
 
     def run_until_idle(self) -> None:
         """Call :meth:`step` until no request is waiting or running."""
@@ -359,8 +459,11 @@ class LLMEngine:
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
         req.output_token_ids.append(token)
+        self._decode_tokens_total += 1
         if req.first_token_time is None:
             req.first_token_time = now
+        if req.token_events:
+            req.put(SampledTokenEvent(req.request_id, len(req.output_token_ids) - 1, token, now))
         req.sampler.record(token, self.vocab_size)
         reason: FinishReason | None = None
         if token in self.eos_token_ids and not req.params.ignore_eos:
@@ -379,7 +482,7 @@ class LLMEngine:
                 self._finish(req, reason)
 
     def _emit_text(self, req: Request, text: str) -> None:
-        req.events.put(TokenEvent(req.request_id, req.next_event_seq, text, req.pending_token_ids))
+        req.put(TokenEvent(req.request_id, req.next_event_seq, text, req.pending_token_ids))
         req.next_event_seq += 1
         req.pending_token_ids = []
 
@@ -396,7 +499,10 @@ class LLMEngine:
             if stopped and reason == "length":
                 reason = "stop"
         if req.status is RequestStatus.RUNNING:
+            if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
+                self._keep_prefix(req)
             self._scheduler.release(req)
+            self._step_finished += 1
         elif req.status is RequestStatus.WAITING:
             self._scheduler.remove_waiting(req)
         req.status = RequestStatus.FINISHED
@@ -412,7 +518,16 @@ class LLMEngine:
             total_ms=(now - req.arrival_time) * 1e3,
         )
         usage = Usage(prompt_tokens=req.prompt_len, completion_tokens=len(req.output_token_ids))
-        req.events.put(FinishEvent(req.request_id, reason, req.output.text, usage, timings, error))
+        req.put(FinishEvent(req.request_id, reason, req.output.text, usage, timings, error))
+
+    def _keep_prefix(self, req: Request) -> None:
+        # K/V of positions 0..num_cached-1 are in the slot: the prompt, then every generated token
+        # that has been fed back (not the last one sampled).
+        try:
+            tokens = req.prompt_token_ids + req.output_token_ids
+            self.prefix_cache.insert(tokens, req.cache_salt, req.slot, req.num_cached)
+        except Exception:  # losing a cache entry only costs a later prefill
+            logger.exception("could not keep the prefix of request %s", req.request_id)
 
     def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
         message = f"{type(exc).__name__}: {exc}"
@@ -449,7 +564,7 @@ class LLMEngine:
                 raise EngineStopped("engine is shut down")
             if self._thread is not None and self._thread.is_alive():
                 return
-            num_threads = self.config.num_threads or torch.get_num_threads()
+            num_threads = self.num_threads
             if self.loaded.device.type == "cpu":
                 release_calling_thread_openmp_pool()  # see threads.py
             self._thread = threading.Thread(
@@ -460,6 +575,9 @@ class LLMEngine:
     def _loop(self, num_threads: int) -> None:
         # OpenMP thread counts are per thread: apply the configured count to this one.
         torch.set_num_threads(num_threads)
+        adaptive = None
+        if self.config.adaptive_threads and self.loaded.device.type == "cpu" and num_threads > 1:
+            adaptive = AdaptiveThreads(num_threads)  # see threads.py: follow CPU contention
         try:
             while True:
                 with self._cond:
@@ -472,6 +590,12 @@ class LLMEngine:
                 except Exception:  # step() already isolates request failures; be defensive
                     logger.exception("engine loop iteration failed")
                     time.sleep(0.01)
+                if adaptive is not None:
+                    threads = adaptive.poll()
+                    if threads is not None:
+                        torch.set_num_threads(threads)
+                        self.num_threads = threads
+                        logger.info("CPU contention: engine now uses %d intra-op thread(s)", threads)
         finally:
             self._abort_all()
 

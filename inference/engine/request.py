@@ -7,10 +7,11 @@ request) and through ``LLMEngine.cancel``.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -77,6 +78,28 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class SampledTokenEvent:
+    """One generated token, streamed the moment it is sampled (opt-in: ``submit(..., token_events=True)``).
+
+    Unlike :class:`TokenEvent` (visible text, which may hold back tokens until they complete a character
+    or rule out a stop string), there is exactly one of these per sampled token, special tokens and the EOS
+    included, so inter-token latency and work are visible as they happen. It is always delivered before the
+    ``TokenEvent`` carrying the same token's text.
+
+    Attributes:
+        request_id: The request.
+        index: 0-based position of the token in the output.
+        token_id: The sampled token id.
+        time: ``time.perf_counter()`` seconds (monotonic) when the engine step that sampled it ended.
+    """
+
+    request_id: str
+    index: int
+    token_id: int
+    time: float
+
+
+@dataclass(frozen=True)
 class FinishEvent:
     """Last event of a request.
 
@@ -97,7 +120,7 @@ class FinishEvent:
     error: str | None = None
 
 
-Event = TokenEvent | FinishEvent
+Event = SampledTokenEvent | TokenEvent | FinishEvent
 
 
 class RequestStatus(enum.Enum):
@@ -112,7 +135,14 @@ class Request:
 
     ``num_cached`` counts tokens of ``prompt + output`` whose K/V are in the request's slot. While
     ``num_cached < len(prompt)`` the request is prefilling; afterwards it decodes one token per
-    step (the last sampled token is fed at position ``num_cached``).
+    step (the last sampled token is fed at position ``num_cached``). ``prefix_hit_tokens`` of them
+    came from the prefix cache at admission.
+
+    ``rank`` is the admission order key (smaller first), fixed at submit: ``arrival_time /
+    ageing_s - priority`` with priority ageing, ``-priority`` without. Ageing makes the effective
+    priority ``priority + waited_s / ageing_s`` grow with time for every waiting request alike, so
+    ranking by it at any instant ``t`` equals ranking by ``arrival_time / ageing_s - priority``,
+    which does not change while the request waits (the queue stays a sorted list).
     """
 
     request_id: str
@@ -133,6 +163,22 @@ class Request:
     admitted_time: float | None = None
     first_token_time: float | None = None
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    cache_salt: str | None = None
+    token_events: bool = False
+    rank: float = 0.0
+    prefix_hit_tokens: int = 0
+    # Set by RequestHandle.aevents(): wakes an asyncio consumer after each put (thread-safe call).
+    waker: Callable[[], None] | None = None
+
+    def put(self, event: Event) -> None:
+        """Deliver an event to the caller (any thread)."""
+        self.events.put(event)
+        waker = self.waker
+        if waker is not None:
+            try:
+                waker()
+            except RuntimeError:  # the consumer's event loop is closed; nobody is listening
+                pass
 
     @property
     def prompt_len(self) -> int:
@@ -143,9 +189,9 @@ class Request:
         return self.num_cached < len(self.prompt_token_ids)
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        """Admission order: higher priority first, then FIFO."""
-        return (-self.priority, self.arrival_seq)
+    def sort_key(self) -> tuple[float, int]:
+        """Admission order: smaller ``rank`` first (higher aged priority), then FIFO."""
+        return (self.rank, self.arrival_seq)
 
 
 class RequestHandle:
@@ -158,6 +204,7 @@ class RequestHandle:
     def __init__(self, engine: LLMEngine, request: Request) -> None:
         self.request_id = request.request_id
         self._engine = engine
+        self._request = request
         self._events = request.events
         self._finish: FinishEvent | None = None
 
@@ -182,6 +229,47 @@ class RequestHandle:
             if isinstance(event, FinishEvent):
                 self._finish = event
             yield event
+
+    async def aevents(self, timeout: float | None = None) -> AsyncIterator[Event]:
+        """Async version of :meth:`events`: ``async for event in handle.aevents(): ...``.
+
+        No thread per stream: the engine thread wakes the consuming event loop with
+        ``loop.call_soon_threadsafe`` after each event, so one loop can follow thousands of streams.
+        Use one consumer per handle (blocking and async iteration must not be mixed concurrently).
+        Leaving the loop early does not cancel the request; call :meth:`cancel` for that.
+
+        Args:
+            timeout: Seconds to wait for *each* event; ``None`` waits forever.
+
+        Raises:
+            TimeoutError: no event arrived within ``timeout``.
+        """
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._request.waker = lambda: loop.call_soon_threadsafe(ready.set)
+        try:
+            while self._finish is None:
+                # Clear before looking: an event put after the look sets the flag again (no lost wake-up).
+                ready.clear()
+                try:
+                    event = self._events.get_nowait()
+                except queue.Empty:
+                    try:
+                        await asyncio.wait_for(ready.wait(), timeout)
+                    except TimeoutError:
+                        raise TimeoutError(
+                            f"no event for request {self.request_id} within {timeout}s"
+                        ) from None
+                    continue
+                if isinstance(event, FinishEvent):
+                    self._finish = event
+                yield event
+        finally:
+            self._request.waker = None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        """``async for event in handle`` == ``async for event in handle.aevents()``."""
+        return self.aevents()
 
     def result(self, timeout: float | None = None) -> FinishEvent:
         """Drain the stream and return the ``FinishEvent`` (``timeout`` as in :meth:`events`)."""

@@ -263,6 +263,10 @@ def sample_next_tokens(
         return logits.float().argmax(dim=-1).tolist()
     if logits.dtype != torch.float32:
         logits = logits.float()
+    elif logits.is_inference():
+        # float32 models: the runner's output is an inference-mode tensor, which the in-place penalty
+        # updates below may not modify outside inference mode (bf16 gets a fresh copy from .float()).
+        logits = logits.clone()
     for i, s in enumerate(states):
         if s.params.has_penalties:
             s.apply_penalties(logits[i])

@@ -6,9 +6,11 @@ Every engine step the scheduler decides which tokens go through the model (Orca,
 1. every running request that is decoding contributes one token (decodes are never starved);
 2. requests still prefilling get prompt chunks, oldest admission first, from what is left of
    the per-step token budget (``max_num_batched_tokens``);
-3. while budget remains, waiting requests are admitted in (priority desc, arrival) order if a KV
-   slot and their KV reservation (prompt + max_new_tokens) fit; admission stops at the first
-   request that does not fit, so a large request is not starved by smaller ones behind it.
+3. while budget remains, waiting requests are admitted in (aged priority desc, arrival) order
+   (see ``Request.rank``) if a KV slot and their KV reservation (prompt + max_new_tokens) fit;
+   admission stops at the first request that does not fit, so a large request is not starved by
+   smaller ones behind it. An admitted request first takes the longest cached prefix of its
+   prompt from the prefix cache (:mod:`.prefix_cache`) and prefills only the rest.
 
 So a 1000-token prompt is split over several steps and the running decodes keep producing a
 token every step. Requests leave as soon as they finish or are cancelled (their slot is reused
@@ -20,12 +22,16 @@ The scheduler is not thread-safe by itself: ``LLMEngine`` calls it under its loc
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from dataclasses import dataclass, field
 
 from .kv_cache import KVCache
+from .prefix_cache import PrefixCache
 from .request import Request, RequestStatus
 from .runner import StepBatch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,6 +47,7 @@ class ScheduledStep:
     batch: StepBatch
     advances: list[tuple[Request, int]] = field(default_factory=list)
     sample_requests: list[Request] = field(default_factory=list)
+    prefix_hit_tokens: int = 0
 
     @property
     def requests(self) -> list[Request]:
@@ -53,11 +60,15 @@ class Scheduler:
     Args:
         kv: KV cache providing slots and the token budget.
         max_num_batched_tokens: Per-step token budget (decodes + prefill chunks).
+        prefix_cache: Where admitted requests look up cached prompt prefixes (``None``: never).
     """
 
-    def __init__(self, kv: KVCache, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, kv: KVCache, max_num_batched_tokens: int, prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefix_cache = prefix_cache
         self._waiting: list[Request] = []  # sorted by Request.sort_key
         self.running: list[Request] = []  # in admission order
 
@@ -81,6 +92,19 @@ class Scheduler:
         if i < len(self._waiting) and self._waiting[i] is request:
             return i
         return None
+
+    def pending_tokens(self) -> tuple[int, int]:
+        """``(prefill, decode)`` tokens still to compute: prompt tokens not yet prefilled (waiting +
+        partially prefilled requests; a waiting prompt counts in full, before any prefix-cache hit) and
+        ``max_new_tokens - generated`` summed over waiting and running requests."""
+        prefill = decode = 0
+        for r in self._waiting:
+            prefill += r.prompt_len
+            decode += r.params.max_new_tokens
+        for r in self.running:
+            prefill += max(0, r.prompt_len - r.num_cached)
+            decode += max(0, r.params.max_new_tokens - len(r.output_token_ids))
+        return prefill, decode
 
     def drain_waiting(self) -> list[Request]:
         waiting, self._waiting = self._waiting, []
@@ -132,6 +156,15 @@ class Scheduler:
             head.reserved_tokens = reserve
             head.admitted_time = now
             self.running.append(head)
+            if self.prefix_cache is not None and head.num_cached == 0:
+                try:
+                    head.num_cached = head.prefix_hit_tokens = self.prefix_cache.load_prefix(
+                        head.prompt_token_ids, head.cache_salt, head.slot
+                    )
+                except Exception:  # a cache fault costs a full prefill, never the request
+                    logger.exception("prefix cache lookup failed; prefilling the whole prompt")
+                    head.num_cached = head.prefix_hit_tokens = 0
+                step.prefix_hit_tokens += head.prefix_hit_tokens
             budget -= self._add_prefill(step, head, budget)
 
         if not b.token_ids:

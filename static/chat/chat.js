@@ -210,10 +210,20 @@
     setQueueStatus(p.transmitted ? 'Sending…' : 'Waiting for the connection…', 'sending');
   }
 
+  function newClientId() { // a UUID v4; crypto.randomUUID needs a secure context, getRandomValues does not
+    if (crypto.randomUUID) return crypto.randomUUID();
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    b[6] = (b[6] & 0x0f) | 0x40; b[8] = (b[8] & 0x3f) | 0x80;
+    const h = [...b].map((x) => x.toString(16).padStart(2, '0')).join('');
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+  }
+
   function sendText(text) {
     const userEl = addMessage('user', null, 'pending');
     $('.content', userEl).textContent = text;
-    request({ type: 'send', conversation_id: state.conversationId, content: text }, { text, userEl, retry: () => sendText(text) });
+    // client_id: the idempotency key, so a resend after a dropped connection never stores the message twice.
+    request({ type: 'send', conversation_id: state.conversationId, content: text, client_id: newClientId() },
+      { text, userEl, retry: () => sendText(text) });
   }
 
   function regenerate() {
@@ -241,7 +251,7 @@
     stopRetry();
     state.pending.transmitted = false;
     let left = Math.max(1, Math.ceil(seconds));
-    const label = code === 'busy' ? 'Busy' : 'Rate limit reached';
+    const label = { busy: 'Busy', unavailable: 'Briefly unavailable' }[code] || 'Rate limit reached';
     const tick = () => {
       if (left <= 0) { stopRetry(); transmit(); return; }
       setQueueStatus(`${label} — retrying in ${left} s`, 'retrying');
@@ -359,7 +369,7 @@
     },
     error(m) {
       const p = state.pending;
-      if ((m.code === 'rate_limited' || m.code === 'busy') && m.retry_after != null && p) {
+      if (['rate_limited', 'busy', 'unavailable'].includes(m.code) && m.retry_after != null && p) {
         startRetryCountdown(m.code, m.retry_after);
         return;
       }
@@ -429,7 +439,9 @@
       if (state.ws !== ws) return;
       state.ws = null;
       const p = state.pending;
-      if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
+      if (p?.transmitted && p.frame.client_id) {
+        p.transmitted = false; // a keyed send is re-sent on reconnect: the server answers a duplicate with its ticket
+      } else if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
         abandonPending();
         showBanner('The connection dropped before the server confirmed your message. '
           + 'Reload the page to see whether it arrived, or retry.', p.retry);

@@ -208,7 +208,9 @@ async def test_resume_of_a_reply_whose_worker_died_answers_interrupted(session_c
     )()
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "resume", "message_id": message_id, "after_seq": -1})
-    frames = [await ws.receive_json_from() for _ in range(2)]  # done (publish_on_commit) and done (resume)
+    frames = [
+        await ws.receive_json_from(timeout=15) for _ in range(2)
+    ]  # done (publish_on_commit) and done (resume)
     assert all(f["type"] == "done" and f["status"] == "interrupted" and f["content"] == "par" for f in frames)
     assert (await database_sync_to_async(Message.objects.get)(pk=message_id)).status == "interrupted"
     await ws.disconnect()

@@ -1,4 +1,5 @@
-"""``manage.py reap_interrupted``: mark replies whose worker died as ``interrupted``.
+"""``manage.py reap_interrupted``: mark replies whose worker died as ``interrupted``, and re-dispatch queued
+replies that no broker message may deliver.
 
 Every worker already does this every few seconds, and ``resume`` does it for the reply it opens; this
 command is for when no worker is left running (run it from cron, or by hand after an outage).
@@ -7,7 +8,7 @@ command is for when no worker is left running (run it from cron, or by hand afte
 from django.core.management.base import BaseCommand
 
 from conversations import broadcast
-from conversations.generations import generations_reap_interrupted
+from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
 
 
 class Command(BaseCommand):
@@ -19,5 +20,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, grace, **options):
-        reaped = generations_reap_interrupted(grace_s=grace)
+        reaped = generations_reap_interrupted(grace_s=grace, recheck_s=broadcast.LEASE_RECHECK_S)
         self.stdout.write(f"marked {len(reaped)} reply(ies) interrupted" + (f": {reaped}" if reaped else ""))
+        again = generations_redispatch_queued()
+        self.stdout.write(f"re-dispatched {len(again)} queued reply(ies)" + (f": {again}" if again else ""))

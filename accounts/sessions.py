@@ -1,0 +1,97 @@
+"""Sessions that really end: log-out, a password change, deactivation or deletion close the user's open
+WebSockets, and a socket whose session is no longer valid refuses further frames.
+
+The closing goes through the per-user channel-layer group (``conversations.broadcast.user_group``): every
+change below publishes ``{"type": "session_ended", "reason": ...}`` to it after commit. Each socket then
+closes (4401) as :func:`end_sessions` says: log-out closes that session's sockets (other browsers stay
+signed in), a password change closes those whose session it invalidated (:func:`session_is_current`), a
+deactivation or deletion closes them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from importlib import import_module
+
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.auth.signals import user_logged_out
+from django.db.models.signals import post_delete, pre_save
+from django.dispatch import receiver
+from django.utils.crypto import constant_time_compare
+
+from conversations import broadcast
+
+logger = logging.getLogger(__name__)
+
+
+def session_fingerprint(session_key: str | None) -> str:
+    """A digest naming a session in channel-layer events without spreading its key ("" for none)."""
+    return hashlib.sha256(session_key.encode()).hexdigest()[:32] if session_key else ""
+
+
+def session_is_current(*, session_key: str | None, user_id: int) -> bool:
+    """Whether the session ``session_key`` still signs in ``user_id``: the session exists (not flushed by
+    log-out), names that user, the user exists and is active, and the session's auth hash matches the
+    user's current password (Django's session verification). Reads the session store and one user row."""
+    if not session_key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    if str(store.get(SESSION_KEY)) != str(user_id) or not store.get(BACKEND_SESSION_KEY):
+        return False
+    user = get_user_model().objects.filter(pk=user_id).first()
+    if user is None or not user.is_active:
+        return False
+    session_hash = store.get(HASH_SESSION_KEY)
+    return bool(session_hash) and constant_time_compare(session_hash, user.get_session_auth_hash())
+
+
+#: ``end_sessions(session=VERIFY)``: close only the sockets whose session is no longer valid.
+VERIFY = "verify"
+
+
+def end_sessions(*, user_id: int, reason: str, session_key: str | None = None, verify: bool = False) -> None:
+    """Tell the user's sockets (after commit) that sessions ended. With neither ``session_key`` nor
+    ``verify`` every socket of the user closes (deactivation, deletion); ``session_key`` closes that
+    session's sockets (log-out, before its store is even flushed) plus any whose session is invalid;
+    ``verify`` closes only sockets whose session is invalid (password change: the changing session stays).
+    Never raises: an unreachable channel layer must not fail a log-out."""
+    named = VERIFY if verify else session_fingerprint(session_key)
+
+    def send():
+        try:
+            broadcast.publish_to_user(user_id, {"type": "session_ended", "reason": reason}, session=named)
+        except Exception:
+            logger.warning("could not tell user %s's sockets that a session ended", user_id, exc_info=True)
+
+    from django.db import transaction
+
+    transaction.on_commit(send)
+
+
+@receiver(user_logged_out)
+def _on_logout(sender, request, user, **kwargs):
+    if user is not None:
+        session_key = getattr(getattr(request, "session", None), "session_key", None)
+        end_sessions(user_id=user.pk, reason="logged_out", session_key=session_key)
+
+
+@receiver(pre_save, sender=settings.AUTH_USER_MODEL)
+def _on_user_change(sender, instance, raw=False, update_fields=None, **kwargs):
+    if raw or instance.pk is None:
+        return
+    if update_fields is not None and not {"password", "is_active"} & set(update_fields):
+        return
+    before = sender.objects.filter(pk=instance.pk).values("password", "is_active").first()
+    if before is None:
+        return
+    if before["is_active"] and not instance.is_active:
+        end_sessions(user_id=instance.pk, reason="deactivated")
+    elif before["password"] != instance.password:
+        end_sessions(user_id=instance.pk, reason="password_changed", verify=True)
+
+
+@receiver(post_delete, sender=settings.AUTH_USER_MODEL)
+def _on_user_delete(sender, instance, **kwargs):
+    end_sessions(user_id=instance.pk, reason="deleted")

@@ -1,0 +1,48 @@
+"""The hostile-frame table: every class of bad input and the protocol's documented answer
+(``docs/websocket-protocol.md``, "Limits and hostile input")."""
+
+from __future__ import annotations
+
+import json
+
+BIG = 2**63  # one past PostgreSQL's bigint
+
+
+def hostile_frames(
+    *, own_reply: int, foreign_conversation: int, foreign_reply: int
+) -> list[tuple[str, str, str]]:
+    """``(label, raw text frame, expected error code)`` for every frame class, with another user's ids."""
+
+    def send(**fields):
+        return json.dumps({"type": "send", **fields})
+
+    return [
+        ("not json", "not json", "invalid_request"),
+        ("json array", "[1, 2]", "invalid_request"),
+        ("json scalar", "null", "invalid_request"),
+        ("empty object", "{}", "invalid_request"),
+        ("unknown type", '{"type": "dance"}', "invalid_request"),
+        ("type not a string", '{"type": 5}', "invalid_request"),
+        ("extra field", send(content="x", evil=1), "invalid_request"),
+        ("NUL in content", send(content="a\x00b"), "invalid_request"),
+        ("lone surrogate", '{"type": "send", "content": "\\ud800"}', "invalid_request"),
+        ("nested 100,000 levels", '{"a":' * 100_000 + "1" + "}" * 100_000, "invalid_request"),
+        ("nested 1,000 levels", "[" * 1000 + "]" * 1000, "invalid_request"),
+        ("frame over 64 KiB", send(content="x" * (70 * 1024)), "invalid_request"),
+        ("whitespace content", send(content="   "), "invalid_request"),
+        ("content wrong type", send(content=5), "invalid_request"),
+        ("conversation id as string", send(conversation_id="1", content="x"), "invalid_request"),
+        ("client_id not a uuid", send(content="x", client_id="abc"), "invalid_request"),
+        ("stop id as string", '{"type": "stop", "message_id": "1"}', "invalid_request"),
+        ("resume id as float", '{"type": "resume", "message_id": 1.5}', "invalid_request"),
+        ("resume after_seq -2", json.dumps({"type": "resume", "message_id": own_reply, "after_seq": -2}), "invalid_request"),
+        ("regenerate without id", '{"type": "regenerate"}', "invalid_request"),
+        ("negative id", '{"type": "stop", "message_id": -1}', "invalid_request"),
+        ("zero id", '{"type": "regenerate", "conversation_id": 0}', "invalid_request"),
+        ("huge id", json.dumps({"type": "resume", "message_id": BIG}), "invalid_request"),
+        ("largest bigint, absent", json.dumps({"type": "stop", "message_id": BIG - 1}), "not_found"),
+        ("send to another user's conversation", send(conversation_id=foreign_conversation, content="x"), "not_found"),
+        ("regenerate another user's conversation", json.dumps({"type": "regenerate", "conversation_id": foreign_conversation}), "not_found"),
+        ("stop another user's reply", json.dumps({"type": "stop", "message_id": foreign_reply}), "not_found"),
+        ("resume another user's reply", json.dumps({"type": "resume", "message_id": foreign_reply}), "not_found"),
+    ]  # fmt: skip

@@ -1,0 +1,107 @@
+"""Celery worker processes the drills start (and kill). The drills never signal a process they did not
+start: a stack run by honcho (``make run``) ends every process when one dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+READY_LINE = "engine ready"
+
+
+def stack_queues() -> list[str]:
+    """The broker queues the stack's workers consume (one per model where the registry names them, else
+    the tiers' queues)."""
+    from billing.models import Tier
+
+    try:
+        from inference.registry import queue_for
+    except ImportError:
+        queue_for = None
+    if queue_for is not None:
+        return sorted({queue_for(name) for name in Tier.objects.values_list("model_name", flat=True)})
+    return sorted(set(Tier.objects.values_list("queue_name", flat=True)))
+
+
+def database_url() -> str:
+    db = settings.DATABASES["default"]
+    return (
+        f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    )
+
+
+class DrillWorker:
+    """``celery worker --pool threads`` subprocess on this process's settings and database."""
+
+    def __init__(
+        self, name: str, log_dir: Path, *, queues: list[str], extra_env: dict[str, str] | None = None
+    ):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", **(extra_env or {}))
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "chatsite",
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "8",
+                "--prefetch-multiplier",
+                "1",
+                "-Q",
+                ",".join(queues),
+                "-n",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "INFO",
+            ],  # fmt: skip
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_path.read_text()[-2000:]}")
+            if READY_LINE in self.log_path.read_text():
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"worker {self.name} not ready after {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or the OOM killer would."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()

@@ -1,0 +1,231 @@
+"""One long-lived serving process of ``python -m inference.bench.versus``: ours or vLLM, started once.
+
+``python -m inference.bench.serve --system ours|vllm --model DIR --threads N`` loads the model, prints one
+JSON line ``{"ready": true, "startup_s": ...}``, then answers each JSON line on stdin
+(``{"workload": Workload.to_dict()}``) with one JSON line: per-request records (``arrival`` and
+``token_times`` in seconds relative to the run's start, ``token_ids``), the peak RSS of this process and its
+children during the run (MB), and engine counters. vLLM's start-up (~90 s) is paid once per process, and it
+runs in its own virtualenv (``scripts/install_vllm.sh``), so this module imports only the standard library,
+``psutil`` and the system under test.
+
+Both systems get the same token ids, greedy decoding, exactly ``max_new_tokens`` (``ignore_eos``), the same
+bf16 weights (the prepared model directory) and ``--threads`` CPU threads. Each token is stamped with
+``time.perf_counter()`` when this process (the client) receives it. Prefix caches are cleared before every
+run so no run profits from an earlier one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+from .workloads import Workload
+
+
+class PeakRss:
+    """Samples the summed RSS of this process and its children every 20 ms; ``peak_mb`` (10**6 bytes)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except Exception:  # a child may exit between listing and reading
+                pass
+        self.peak_mb = max(self.peak_mb, total / 1e6)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> PeakRss:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+class OursBackend:
+    """``inference.engine.LLMEngine`` in its background thread, followed by one asyncio loop (no thread per
+    stream), with per-token events (``token_events=True``) so every token is stamped as it arrives."""
+
+    def __init__(self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int) -> None:
+        from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
+
+        spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype="bfloat16")
+        loaded = load_model(spec, os.path.dirname(model_dir.rstrip("/")), device="cpu", num_threads=threads)
+        config = EngineConfig(
+            max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens, device="cpu", num_threads=threads
+        )
+        self.engine = LLMEngine(loaded, config)
+        self.engine.start()
+
+    def run(self, wl: Workload) -> tuple[list[dict], dict]:
+        import asyncio
+
+        from inference.engine import SampledTokenEvent, SamplingParams
+
+        self.engine.prefix_cache.clear()
+        before = self.engine.load()
+        records: list[dict] = []
+        t0 = time.perf_counter() + 0.05
+
+        async def one(req) -> None:
+            rec = {
+                "rid": req.rid,
+                "arrival": req.arrival_s,
+                "token_times": [],
+                "token_ids": [],
+                "error": None,
+            }
+            records.append(rec)
+            await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.perf_counter()))
+            params = SamplingParams(temperature=0.0, max_new_tokens=req.max_new_tokens, ignore_eos=True)
+            handle = self.engine.submit(list(req.prompt_token_ids), params, token_events=True)
+            async for ev in handle:
+                if isinstance(ev, SampledTokenEvent):
+                    rec["token_times"].append(time.perf_counter() - t0)
+                    rec["token_ids"].append(ev.token_id)
+                elif getattr(ev, "error", None):
+                    rec["error"] = ev.error
+
+        async def main() -> None:
+            await asyncio.gather(*(one(r) for r in wl.requests))
+
+        asyncio.run(main())
+        after = self.engine.load()
+        extra = {
+            "prefix_cache_hit_tokens": after.prefix_cache_hit_tokens_total
+            - before.prefix_cache_hit_tokens_total,
+            "prefix_cache_query_tokens": after.prefix_cache_query_tokens_total
+            - before.prefix_cache_query_tokens_total,
+            "threads_now": self.engine.num_threads,
+        }
+        return records, extra
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class VllmBackend:
+    """vLLM's ``LLMEngine`` (V1, engine core in its own process as vLLM runs by default), stepped by this
+    process; requests are added at their arrival times and outputs come back as deltas."""
+
+    def __init__(self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int) -> None:
+        from vllm import EngineArgs, LLMEngine
+
+        args = EngineArgs(
+            model=model_dir,
+            dtype="bfloat16",
+            max_model_len=4096,
+            max_num_seqs=max_seqs,
+            seed=0,
+            disable_log_stats=True,
+        )
+        self.engine = LLMEngine.from_engine_args(args)
+
+    def run(self, wl: Workload) -> tuple[list[dict], dict]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        self.engine.reset_prefix_cache()
+        pending = sorted(wl.requests, key=lambda r: (r.arrival_s, r.rid))
+        recs = {
+            str(r.rid): {
+                "rid": r.rid,
+                "arrival": r.arrival_s,
+                "token_times": [],
+                "token_ids": [],
+                "error": None,
+            }
+            for r in pending
+        }
+        t0 = time.perf_counter() + 0.05
+        i = 0
+        while i < len(pending) or self.engine.has_unfinished_requests():
+            now = time.perf_counter()
+            while i < len(pending) and t0 + pending[i].arrival_s <= now:
+                r = pending[i]
+                params = SamplingParams(
+                    temperature=0.0,
+                    max_tokens=r.max_new_tokens,
+                    ignore_eos=True,
+                    output_kind=RequestOutputKind.DELTA,
+                )
+                self.engine.add_request(
+                    str(r.rid), TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)), params
+                )
+                i += 1
+            if not self.engine.has_unfinished_requests():
+                time.sleep(max(0.0, min(0.005, t0 + pending[i].arrival_s - time.perf_counter())))
+                continue
+            outputs = self.engine.step()
+            stamp = time.perf_counter() - t0
+            for out in outputs:
+                rec = recs[out.request_id]
+                new = list(out.outputs[0].token_ids) if out.outputs else []
+                rec["token_ids"].extend(new)
+                rec["token_times"].extend([stamp] * len(new))
+        return list(recs.values()), {}
+
+    def close(self) -> None:
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown:
+            shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inference.bench.serve")
+    p.add_argument("--system", choices=["ours", "vllm"], required=True)
+    p.add_argument("--model", required=True, help="prepared model directory (config.json + safetensors)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-seqs", type=int, default=32)
+    p.add_argument("--max-batch-tokens", type=int, default=512)
+    args = p.parse_args(argv)
+    # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
+    # libraries and of child processes (vLLM's engine core) cannot corrupt it.
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    started = time.perf_counter()
+    cls = OursBackend if args.system == "ours" else VllmBackend
+    backend = cls(args.model, args.threads, args.max_seqs, args.max_batch_tokens)
+    print(
+        json.dumps({"ready": True, "startup_s": round(time.perf_counter() - started, 1)}),
+        file=out,
+        flush=True,
+    )
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        wl = Workload.from_dict(json.loads(line)["workload"])
+        try:
+            with PeakRss() as rss:
+                records, extra = backend.run(wl)
+            reply = {"records": records, "peak_rss_mb": round(rss.peak_mb, 1), **extra}
+        except Exception as exc:  # report, keep serving
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), file=out, flush=True)
+    backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

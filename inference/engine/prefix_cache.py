@@ -1,0 +1,149 @@
+"""Prefix cache: the K/V of finished requests, kept in token blocks keyed by a salted hash chain.
+
+After vLLM's Automatic Prefix Caching (block hash = hash(parent hash, block tokens, extra keys such as
+``cache_salt``) and SGLang's RadixAttention (reuse the KV of a shared prompt prefix across requests). A
+conversation's next turn re-sends the whole history; with this cache only the new tail is prefilled.
+
+* **Keys.** A prompt is cut into full blocks of ``block_size`` tokens. Block ``i``'s key is
+  ``blake2b(key[i-1] || tokens of block i)`` with ``key[-1] = blake2b(salt)``, so a key names the whole
+  prefix up to and including its block, and requests with different salts never share an entry (per-user
+  isolation: one user's TTFT can never reveal whether another user sent a prompt). A cryptographic hash,
+  as vLLM switched to, so colliding prefixes cannot be crafted.
+* **Storage.** One ``[num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]`` tensor per block, apart
+  from the slot cache (:mod:`.kv_cache`), whose slots are compacted and reused: a hit is *copied* into the
+  new request's slot (a few MB per thousand tokens, far cheaper than prefilling them).
+* **Eviction.** Least recently used block first, within ``capacity_tokens``. A hit touches its blocks from
+  the last to the first, so a prefix's first blocks are always more recent than its later ones and eviction
+  removes chain tails before the heads they hang from (an evicted head would make its tail unreachable).
+* **Correctness.** A cached block holds exactly the K/V the same tokens at the same positions produce (K/V
+  of position ``p`` depend only on tokens ``0..p``), so generation is unchanged up to float rounding of
+  different matmul shapes, the same as chunked prefill; greedy outputs in float32 are tested identical.
+
+Not thread-safe: :class:`~inference.engine.LLMEngine` calls it under its lock from the loop thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+import torch
+
+from .kv_cache import KVCache
+
+
+def block_keys(
+    token_ids: list[int], salt: str | None, block_size: int, max_blocks: int | None = None
+) -> list[bytes]:
+    """Chain keys of the full blocks of ``token_ids`` (at most ``max_blocks``), 16 bytes each.
+
+    ``salt=None`` and ``salt=""`` are the same (unsalted, shared) namespace.
+    """
+    n = len(token_ids) // block_size
+    if max_blocks is not None:
+        n = min(n, max_blocks)
+    key = hashlib.blake2b((salt or "").encode("utf-8"), digest_size=16, person=b"chatsite-prefix").digest()
+    keys = []
+    for i in range(n):
+        block = array("q", token_ids[i * block_size : (i + 1) * block_size]).tobytes()
+        key = hashlib.blake2b(key + block, digest_size=16).digest()
+        keys.append(key)
+    return keys
+
+
+class PrefixCache:
+    """LRU store of K/V blocks keyed by :func:`block_keys`.
+
+    Args:
+        kv: The slot cache to copy blocks from (on insert) and into (on a hit); fixes the geometry.
+        block_size: Tokens per block.
+        capacity_tokens: Most tokens held (``capacity_tokens // block_size`` blocks).
+
+    Attributes:
+        hit_tokens_total: Prompt tokens served from the cache since start (monotonic).
+        query_tokens_total: Prompt tokens looked up since start (hit rate = hit / query).
+    """
+
+    def __init__(self, kv: KVCache, block_size: int, capacity_tokens: int) -> None:
+        self.kv = kv
+        self.block_size = block_size
+        self.capacity_blocks = capacity_tokens // block_size
+        self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.hit_tokens_total = 0
+        self.query_tokens_total = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity_blocks > 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens currently held."""
+        return len(self._blocks) * self.block_size
+
+    def load_prefix(self, token_ids: list[int], salt: str | None, slot: int) -> int:
+        """Copy the longest cached prefix of ``token_ids`` into ``slot`` (positions ``0..n-1``).
+
+        The last prompt token is never served from the cache: its forward pass yields the logits of the
+        first generated token. Returns ``n``, the number of tokens whose K/V are now in the slot (a
+        multiple of ``block_size``, possibly 0).
+        """
+        self.query_tokens_total += len(token_ids)
+        if not self.enabled:
+            return 0
+        hits: list[bytes] = []
+        for key in block_keys(token_ids, salt, self.block_size, (len(token_ids) - 1) // self.block_size):
+            if key not in self._blocks:
+                break
+            hits.append(key)
+        if not hits:
+            return 0
+        for key in reversed(hits):  # heads end up most recent: tails are evicted first
+            self._blocks.move_to_end(key)
+        n = len(hits) * self.block_size
+        # [blocks, L, 2, H, B, D] -> [L, 2, H, blocks * B, D]: one copy per layer and K/V.
+        stacked = torch.stack([self._blocks[k] for k in hits])
+        nb, L, _, H, B, D = stacked.shape
+        joined = stacked.permute(1, 2, 3, 0, 4, 5).reshape(L, 2, H, nb * B, D)
+        for layer in range(self.kv.num_layers):
+            self.kv.k[layer][slot, :, :n].copy_(joined[layer, 0])
+            self.kv.v[layer][slot, :, :n].copy_(joined[layer, 1])
+        self.hit_tokens_total += n
+        return n
+
+    def insert(self, token_ids: list[int], salt: str | None, slot: int, num_cached: int) -> int:
+        """Keep the full blocks of ``token_ids[:num_cached]`` whose K/V sit in ``slot``.
+
+        Blocks already cached are only touched. Evicts least recently used blocks beyond the capacity.
+        Returns the number of newly stored blocks.
+        """
+        if not self.enabled:
+            return 0
+        keys = block_keys(token_ids[:num_cached], salt, self.block_size)
+        if not keys:
+            return 0
+        first_new = 0
+        while first_new < len(keys) and keys[first_new] in self._blocks:
+            first_new += 1
+        B = self.block_size
+        new = keys[first_new:]
+        if new:
+            start, end = first_new * B, len(keys) * B
+            # [L, 2, H, n, D] for the new range, then one contiguous tensor per block.
+            layers = [
+                torch.stack((self.kv.k[layer][slot, :, start:end], self.kv.v[layer][slot, :, start:end]))
+                for layer in range(self.kv.num_layers)
+            ]
+            span = torch.stack(layers)
+            for i, key in enumerate(new):
+                self._blocks[key] = span[:, :, :, i * B : (i + 1) * B].clone()
+        for key in reversed(keys):
+            self._blocks.move_to_end(key)
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+        return len(new)
+
+    def clear(self) -> None:
+        """Drop every block."""
+        self._blocks.clear()

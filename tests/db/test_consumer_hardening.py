@@ -1,0 +1,282 @@
+"""Bad input over the real consumer (real PostgreSQL, Redis channel layer): every frame class gets its
+documented answer, the socket stays usable and nothing stored changes; sessions that end close sockets;
+``send`` with a ``client_id`` is idempotent."""
+
+import asyncio
+import json
+import time
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from chatsite.asgi import application
+from conversations import generations
+from conversations.models import Conversation, Message
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+BIG = 2**63  # one past PostgreSQL's bigint
+
+
+def cookie_for(user) -> tuple[Client, str]:
+    client = Client()
+    client.force_login(user)
+    return client, f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+async def open_socket(cookie):
+    ws = WebsocketCommunicator(
+        application,
+        "/ws/chat/",
+        headers=[
+            (b"origin", b"http://127.0.0.1:8000"),
+            (b"host", b"127.0.0.1:8000"),
+            (b"cookie", cookie.encode()),
+        ],
+    )
+    connected, _ = await ws.connect()
+    assert connected
+    return ws
+
+
+def snapshot():
+    return (
+        list(Conversation.objects.order_by("id").values_list("id", "owner_id", "title", "client_id")),
+        list(Message.objects.order_by("id").values_list("id", "role", "status", "content", "client_id")),
+    )
+
+
+@pytest.fixture
+def world(alice, bob):
+    """alice: a conversation with a completed reply; bob: a conversation whose reply is still queued."""
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="alice says hi")
+    reply = generations.generation_start(message_id=ticket.message.id)
+    generations.generation_finish(message=reply, status="completed", text="hello alice", finish_reason="stop")
+    bob_ticket = generations.reply_request(user=bob, conversation_id=None, content="bob says hi")
+    return {
+        "alice_conversation": ticket.message.conversation_id,
+        "alice_reply": ticket.message.id,
+        "bob_conversation": bob_ticket.message.conversation_id,
+        "bob_reply": bob_ticket.message.id,
+        "bob_user_message": bob_ticket.user_message_id,
+    }
+
+
+def bad_frames(w):
+    """(label, raw text frame, expected error code)."""
+    send = lambda **kw: json.dumps({"type": "send", **kw})  # noqa: E731
+    return [
+        ("not json", "not json", "invalid_request"),
+        ("json array", "[1, 2]", "invalid_request"),
+        ("json scalar", "null", "invalid_request"),
+        ("empty object", "{}", "invalid_request"),
+        ("unknown type", '{"type": "dance"}', "invalid_request"),
+        ("type not a string", '{"type": 5}', "invalid_request"),
+        ("extra field", send(content="x", evil=1), "invalid_request"),
+        ("NUL in content", send(content="a\x00b"), "invalid_request"),
+        ("lone surrogate", '{"type": "send", "content": "\\ud800"}', "invalid_request"),
+        ("nested 100,000 levels", '{"a":' * 100_000 + "1" + "}" * 100_000, "invalid_request"),
+        ("nested 1,000 levels within the size limit", "[" * 1000 + "]" * 1000, "invalid_request"),
+        ("nested value inside a frame", send(content=[[["x"]]]), "invalid_request"),
+        ("frame over 64 KiB", send(content="x" * (70 * 1024)), "invalid_request"),
+        (
+            "content over MAX_MESSAGE_CHARS",
+            send(content="x" * (settings.MAX_MESSAGE_CHARS + 1)),
+            "invalid_request",
+        ),
+        ("whitespace content", send(content="   "), "invalid_request"),
+        ("content wrong type", send(content=5), "invalid_request"),
+        ("conversation id as string", send(conversation_id="1", content="x"), "invalid_request"),
+        ("client_id not a uuid", send(content="x", client_id="abc"), "invalid_request"),
+        ("stop id as string", '{"type": "stop", "message_id": "1"}', "invalid_request"),
+        ("resume id as float", '{"type": "resume", "message_id": 1.5}', "invalid_request"),
+        (
+            "resume after_seq -2",
+            json.dumps({"type": "resume", "message_id": w["alice_reply"], "after_seq": -2}),
+            "invalid_request",
+        ),
+        ("regenerate without id", '{"type": "regenerate"}', "invalid_request"),
+        ("negative message id", '{"type": "stop", "message_id": -1}', "invalid_request"),
+        ("zero conversation id", '{"type": "regenerate", "conversation_id": 0}', "invalid_request"),
+        ("huge message id", json.dumps({"type": "resume", "message_id": BIG}), "invalid_request"),
+        ("huge conversation id", send(conversation_id=10**30, content="x"), "invalid_request"),
+        ("largest bigint id, absent", json.dumps({"type": "stop", "message_id": BIG - 1}), "not_found"),
+        ("absent conversation", send(conversation_id=BIG - 1, content="x"), "not_found"),
+        (
+            "send to other user's conversation",
+            send(conversation_id=w["bob_conversation"], content="x"),
+            "not_found",
+        ),
+        (
+            "regenerate other user's conversation",
+            json.dumps({"type": "regenerate", "conversation_id": w["bob_conversation"]}),
+            "not_found",
+        ),
+        ("stop other user's reply", json.dumps({"type": "stop", "message_id": w["bob_reply"]}), "not_found"),
+        (
+            "resume other user's reply",
+            json.dumps({"type": "resume", "message_id": w["bob_reply"]}),
+            "not_found",
+        ),
+        (
+            "stop other user's user message",
+            json.dumps({"type": "stop", "message_id": w["bob_user_message"]}),
+            "not_found",
+        ),
+    ]
+
+
+async def test_every_bad_frame_gets_its_error_the_socket_stays_usable_and_nothing_changes(
+    alice, world, redis_clean
+):
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    before = await database_sync_to_async(snapshot)()
+    ws = await open_socket(cookie)
+    for label, text, code in bad_frames(world):
+        await ws.send_to(text_data=text)
+        answer = await ws.receive_json_from(timeout=5)
+        assert (answer["type"], answer["code"]) == ("error", code), label
+        assert answer["message"] and "Traceback" not in answer["message"], label
+        await asyncio.sleep(1 / settings.WS_FRAMES_PER_S)  # stay under the per-socket frame rate
+    await ws.send_to(bytes_data=b"\x00\x01")
+    assert (await ws.receive_json_from(timeout=5))["code"] == "invalid_request"
+    # Still usable: a valid frame gets its normal answer.
+    await ws.send_json_to({"type": "resume", "message_id": world["alice_reply"]})
+    done = await ws.receive_json_from(timeout=5)
+    assert (done["type"], done["content"]) == ("done", "hello alice")
+    assert await database_sync_to_async(snapshot)() == before
+    await ws.disconnect()
+
+
+async def test_one_hundred_frames_a_second_are_each_answered_and_the_excess_is_rate_limited(
+    alice, world, redis_clean, settings
+):
+    settings.WS_FRAMES_PER_S = 2.0  # slow refill, so the bound below holds on a loaded machine too
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    before = await database_sync_to_async(snapshot)()
+    ws = await open_socket(cookie)
+    frame = {"type": "resume", "message_id": world["alice_reply"]}
+    started = time.monotonic()
+    for _ in range(100):
+        await ws.send_json_to(frame)
+        await asyncio.sleep(0.01)
+    answers = [await ws.receive_json_from(timeout=10) for _ in range(100)]
+    elapsed = time.monotonic() - started
+    kinds = [a["type"] if a["type"] == "done" else a["code"] for a in answers]
+    assert set(kinds) == {"done", "rate_limited"}
+    # The burst passes, then about WS_FRAMES_PER_S per second; every other frame is refused.
+    assert settings.WS_FRAME_BURST <= kinds.count("done") <= settings.WS_FRAME_BURST + 2.0 * elapsed + 1
+    retry_after = max(a["retry_after"] for a in answers if a["type"] == "error")
+    assert 0 < retry_after <= 1 / 2.0
+    assert await ws.receive_nothing(timeout=0.3)  # exactly one answer per frame
+    await asyncio.sleep(retry_after)
+    await ws.send_json_to(frame)
+    assert (await ws.receive_json_from(timeout=5))["type"] == "done"
+    assert await database_sync_to_async(snapshot)() == before
+    await ws.disconnect()
+
+
+async def test_resent_send_with_the_same_client_id_returns_the_stored_ticket(alice, redis_clean):
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    ws = await open_socket(cookie)
+    client_id = str(uuid.uuid4())
+    frame = {"type": "send", "conversation_id": None, "content": "only once", "client_id": client_id}
+    await ws.send_json_to(frame)
+    first = await ws.receive_json_from(timeout=5)
+    await ws.disconnect()  # the network drops before the page saw the answer; it resends on a new socket
+    ws = await open_socket(cookie)
+    await ws.send_json_to(frame)
+    again = await ws.receive_json_from(timeout=5)
+    assert again["type"] == "queued"
+    for key in ("conversation_id", "message_id", "user_message_id"):
+        assert again[key] == first[key]
+    assert await database_sync_to_async(Conversation.objects.count)() == 1
+    assert await database_sync_to_async(Message.objects.count)() == 2
+    # Once the reply finished, a late resend gets the ticket and the final text, still storing nothing.
+    reply = await database_sync_to_async(generations.generation_start)(message_id=first["message_id"])
+    await database_sync_to_async(generations.generation_finish)(
+        message=reply, status="completed", text="answer", finish_reason="stop"
+    )
+    assert (await ws.receive_json_from(timeout=5))["type"] == "done"  # live: this socket watches the reply
+    await ws.send_json_to(frame)
+    assert (await ws.receive_json_from(timeout=5))["message_id"] == first["message_id"]
+    done = await ws.receive_json_from(timeout=5)
+    assert (done["type"], done["content"]) == ("done", "answer")
+    # A new id in the same conversation is a new message.
+    await ws.send_json_to(
+        {
+            "type": "send",
+            "conversation_id": first["conversation_id"],
+            "content": "next",
+            "client_id": str(uuid.uuid4()),
+        }
+    )
+    assert (await ws.receive_json_from(timeout=5))["message_id"] != first["message_id"]
+    assert await database_sync_to_async(Message.objects.count)() == 4
+    await ws.disconnect()
+
+
+async def test_concurrent_resends_store_one_message(alice, redis_clean):
+    client_id = uuid.uuid4()
+
+    def send():
+        return generations.reply_request(
+            user=alice, conversation_id=None, content="race", client_id=client_id
+        )
+
+    tickets = await asyncio.gather(
+        *(database_sync_to_async(send, thread_sensitive=False)() for _ in range(4))
+    )
+    assert len({t.message.id for t in tickets}) == 1
+    assert sum(not t.duplicate for t in tickets) == 1
+    assert await database_sync_to_async(Message.objects.filter(role="user").count)() == 1
+    assert await database_sync_to_async(Conversation.objects.count)() == 1
+
+
+async def expect_closed(ws, reason):
+    frame = await ws.receive_json_from(timeout=5)
+    assert (frame["type"], frame["reason"]) == ("session_ended", reason)
+    assert (await ws.receive_output(timeout=5))["code"] == 4401
+
+
+async def test_logout_closes_that_sessions_sockets_but_not_another_browsers(alice, redis_clean):
+    browser1, cookie1 = await sync_to_async(cookie_for)(alice)
+    _, cookie2 = await sync_to_async(cookie_for)(alice)
+    ws1, ws2 = await open_socket(cookie1), await open_socket(cookie2)
+    await sync_to_async(browser1.post)("/accounts/logout/")
+    await expect_closed(ws1, "logged_out")
+    assert await ws2.receive_nothing(timeout=0.5)
+    await ws2.send_json_to({"type": "send", "conversation_id": None, "content": "still signed in"})
+    assert (await ws2.receive_json_from(timeout=5))["type"] == "queued"
+    await ws2.disconnect()
+
+
+async def test_deactivation_closes_every_socket_and_a_stale_socket_refuses_send(alice, redis_clean):
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    ws = await open_socket(cookie)
+    alice.is_active = False
+    await database_sync_to_async(alice.save)()
+    await expect_closed(ws, "deactivated")
+    assert await database_sync_to_async(Message.objects.count)() == 0
+
+
+async def test_password_change_ends_other_sessions_and_their_frames_are_refused(alice, redis_clean):
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    ws = await open_socket(cookie)
+    alice.set_password("a-new-Secret-456")
+    await database_sync_to_async(alice.save)()
+    await expect_closed(ws, "password_changed")
+
+
+async def test_frame_on_a_socket_whose_session_was_flushed_is_refused(alice, redis_clean):
+    browser, cookie = await sync_to_async(cookie_for)(alice)
+    ws = await open_socket(cookie)
+    await sync_to_async(browser.session.flush)()  # session gone without any event (e.g. expired, cleared)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "after the session ended"})
+    await expect_closed(ws, "expired")
+    assert await database_sync_to_async(Message.objects.count)() == 0

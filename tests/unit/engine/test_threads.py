@@ -1,0 +1,56 @@
+"""CPU-contention defaults: the adaptive intra-op thread count and the contention monitor it reads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from inference.engine.threads import AdaptiveThreads, CpuShareMonitor, default_num_threads
+
+
+class _Script:
+    """Stands in for /proc readings: returns scripted "cores used by other processes"."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def sample(self):
+        return self.values.pop(0)
+
+
+def _policy(max_threads, samples):
+    policy = AdaptiveThreads(max_threads, interval_s=0.0)
+    policy._monitor = _Script(samples)
+    return policy
+
+
+def test_target_leaves_the_cores_other_processes_use():
+    policy = AdaptiveThreads(4)
+    assert [policy.target(x) for x in (0.0, 0.4, 0.6, 1.0, 2.2, 3.9, 9.0)] == [4, 4, 3, 3, 2, 1, 1]
+
+
+def test_steps_down_at_once_and_up_after_two_calm_intervals():
+    policy = _policy(2, [0.1, 1.0, 0.1, 0.9, 0.0, 0.0, 0.0])
+    got = [policy.poll() for _ in range(7)]
+    assert got == [None, 1, None, None, None, 2, None]
+    assert policy.current == 2 and policy.changes == 2
+
+
+def test_default_threads_follow_the_affinity_mask():
+    import os
+
+    assert default_num_threads() == len(os.sched_getaffinity(0))
+
+
+def test_monitor_sees_a_cpu_bound_neighbour():
+    monitor = CpuShareMonitor()
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        monitor.sample()
+        time.sleep(1.0)
+        other = monitor.sample()
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert other is not None and other >= 0.5  # the neighbour alone is ~1 core (others only add)
