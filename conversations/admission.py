@@ -98,6 +98,15 @@ def route(*, tier) -> tuple[str, float, bool]:
     return name, wait, False
 
 
+def prompt_tokens_bound_for_texts(texts: list[str]) -> int:
+    """The same upper bound as :func:`prompt_tokens_upper_bound` for turns not stored yet (the API)."""
+    return (
+        sum(len(t.encode()) for t in texts)
+        + TEMPLATE_OVERHEAD_TOKENS
+        + TEMPLATE_TOKENS_PER_TURN * (len(texts) + 2)
+    )
+
+
 def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     """An upper bound (tokens) of the prompt a reply in ``conversation`` can have, read without a tokenizer.
 

@@ -297,6 +297,10 @@ def generation_finish(
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+        if updated and not message.conversation.stored:
+            # An API completion without ``store: true`` (conversations/completions.py): the done frame above
+            # carries its result; the usage record stays, its message link cleared.
+            message.conversation.delete()
     return message
 
 
@@ -333,10 +337,12 @@ def generations_reap_interrupted(
                 error="The worker generating this reply stopped. Retry to generate it again.",
                 updated_at=timezone.now(),
             ):
-                message = Message.objects.get(pk=message_id)
+                message = Message.objects.select_related("conversation").get(pk=message_id)
                 # A reply our worker lost is not charged (its late finish, if any, charges the real count).
                 quota_settle(message=message, used_tokens=0)
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
+                if not message.conversation.stored:  # an unstored API completion: nothing to retry
+                    message.conversation.delete()
                 reaped.append(message_id)
     return reaped
 

@@ -12,6 +12,9 @@ class Conversation(models.Model):
     )
     title = models.CharField(max_length=200, blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
+    # False for an API completion sent without ``store: true``: hidden from history (selectors exclude it)
+    # and deleted once its reply ends; its UsageRecord stays.
+    stored = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # The idempotency key of the ``send`` that created this conversation (see ``Message.client_id``), so a
@@ -66,6 +69,9 @@ class Message(models.Model):
     error = models.TextField(blank=True, default="")
     # How many earlier messages the token-counted sliding window left out of this reply's context.
     omitted_messages = models.PositiveIntegerField(default=0)
+    # Per-request sampling from the API (``temperature``, ``top_p``, ``stop``, ``seed``, ``max_tokens``,
+    # ``presence_penalty``, ``frequency_penalty``); None = the chat defaults from settings.
+    sampling = models.JSONField(null=True, blank=True)
     # A user message's idempotency key: the UUID the page chose for its ``send`` frame. A resend with the
     # same key answers with the stored ticket instead of storing a second message and reply.
     client_id = models.UUIDField(null=True, blank=True)

@@ -28,11 +28,11 @@ class MessageNotFound(Http404):
 
 def conversation_get_for_user(*, user, conversation_id) -> Conversation:
     """The conversation with this id if ``user`` owns it. Raises :class:`ConversationNotFound` for a missing
-    id, a non-integer id, another user's conversation, or an anonymous user."""
+    id, a non-integer id, another user's conversation, an unstored API completion, or an anonymous user."""
     if user is None or not user.is_authenticated:
         raise ConversationNotFound("conversation not found")
     try:
-        return Conversation.objects.get(pk=_pk(conversation_id), owner=user)
+        return Conversation.objects.get(pk=_pk(conversation_id), owner=user, stored=True)
     except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
         raise ConversationNotFound("conversation not found") from exc
 
@@ -52,7 +52,7 @@ def message_get_for_user(*, user, message_id) -> Message:
 def conversation_page_for_user(*, user, page_number=1, per_page: int = SIDEBAR_PAGE_SIZE) -> Page:
     """One page of ``user``'s conversations, most recently updated first (invalid page -> nearest page)."""
     qs = (
-        Conversation.objects.filter(owner=user)
+        Conversation.objects.filter(owner=user, stored=True)
         .only("id", "title", "updated_at")
         .order_by("-updated_at", "-id")
     )
@@ -69,3 +69,8 @@ def active_generation_count(*, user) -> int:
     return Message.objects.filter(
         conversation__owner=user, role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES
     ).count()
+
+
+def message_page(*, conversation: Conversation, page_number=1, per_page: int = 50) -> Page:
+    """One page of a conversation's messages, oldest first (invalid page -> nearest page)."""
+    return Paginator(conversation.messages.order_by("created_at", "id"), per_page).get_page(page_number)

@@ -34,14 +34,26 @@ STATUS_BY_FINISH = {
 }
 
 
-def sampling_for(*, max_new_tokens: int) -> SamplingParams:
-    """Chat sampling defaults from settings (``INFERENCE_TEMPERATURE`` etc.) with the tier's reply limit."""
-    return SamplingParams(
-        temperature=settings.INFERENCE_TEMPERATURE,
-        top_p=settings.INFERENCE_TOP_P,
-        repetition_penalty=settings.INFERENCE_REPETITION_PENALTY,
-        max_new_tokens=max_new_tokens,
-    )
+def sampling_for(*, max_new_tokens: int, overrides: dict | None = None) -> SamplingParams:
+    """Chat sampling defaults from settings (``INFERENCE_TEMPERATURE`` etc.) with the tier's reply limit.
+    ``overrides`` is an API request's ``Message.sampling`` (``temperature``, ``top_p``, ``stop``, ``seed``,
+    ``presence_penalty``, ``frequency_penalty``, ``max_tokens`` capped at ``max_new_tokens``); a request that
+    sets either OpenAI penalty gets no repetition penalty on top."""
+    overrides = dict(overrides or {})
+    if "max_tokens" in overrides:
+        max_new_tokens = max(1, min(int(overrides.pop("max_tokens")), max_new_tokens))
+    repetition_penalty = settings.INFERENCE_REPETITION_PENALTY
+    if "presence_penalty" in overrides or "frequency_penalty" in overrides:
+        repetition_penalty = 1.0
+    fields = {
+        "temperature": settings.INFERENCE_TEMPERATURE,
+        "top_p": settings.INFERENCE_TOP_P,
+        "repetition_penalty": repetition_penalty,
+        "max_new_tokens": max_new_tokens,
+    }
+    allowed = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+    fields.update({name: value for name, value in overrides.items() if name in allowed})
+    return SamplingParams(**fields)
 
 
 def finish(*, message: Message, **fields) -> str:
@@ -112,7 +124,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
 
     handle = engine.submit(
         context.prompt_token_ids,
-        sampling_for(max_new_tokens=max_new_tokens),
+        sampling_for(max_new_tokens=max_new_tokens, overrides=message.sampling),
         priority=tier.queue_priority,
         request_id=request_id,
         # Per-user prefix-cache namespace: the next turn reuses this one's KV, and no other user's

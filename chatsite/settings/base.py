@@ -35,10 +35,13 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "api",  # the OpenAI-compatible API (issue 10)
     "axes",  # log-in throttling (issue 7)
 ]
 
 MIDDLEWARE = [
+    # Outermost, so redirects and errors made by other middleware carry x-request-id too (issue 10).
+    "api.middleware.request_id_middleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -192,6 +195,11 @@ LOGGING = {
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)
 INFERENCE_TOP_P = env.float("INFERENCE_TOP_P", default=0.9)
 INFERENCE_REPETITION_PENALTY = env.float("INFERENCE_REPETITION_PENALTY", default=1.1)
+
+# OpenAI-compatible API (issue 10): request bodies larger than this are refused with 400 (bytes); a
+# non-streaming completion waits at most this long for its reply before cancelling it (seconds).
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=1_000_000)
+API_COMPLETION_TIMEOUT_S = env.int("API_COMPLETION_TIMEOUT_S", default=600)
 
 # Reliability and security (issue 7): WebSocket frame rate per socket, the queued-reply reaper, the final
 # write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).

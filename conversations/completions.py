@@ -1,0 +1,80 @@
+"""Chat completions requested through the API (``/v1/chat/completions``): the second front door to the same
+generation lifecycle as the browser chat (:mod:`conversations.generations`): same admission control, same
+Celery task and engine, same :class:`~billing.models.UsageRecord` ledger.
+
+A completion is stored as a conversation holding the request's messages and one queued assistant reply
+carrying the request's sampling parameters (``Message.sampling``). Unless the request said ``store: true``
+the conversation has ``stored=False``: selectors hide it from history, and it is deleted once its reply ends
+(:func:`conversations.generations.generation_finish`), is cancelled before it started, or is reaped as
+interrupted; usage stays.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+
+from conversations import generations
+from conversations.admission import admission_check, prompt_tokens_bound_for_texts
+from conversations.models import Conversation, Message
+from conversations.services import conversation_touch, title_from_content
+
+
+def completion_request(
+    *,
+    user,
+    model: str,
+    messages: list[dict[str, str]],
+    sampling: dict[str, Any],
+    store: bool = False,
+    on_queued: Callable[[Message], None] | None = None,
+) -> Message:
+    """Store ``messages`` (``{"role": "system"|"user"|"assistant", "content": str}``; system texts are joined
+    into the conversation's pinned system prompt) and a queued assistant reply for ``model`` in one
+    transaction; the generation task is dispatched on commit. ``on_queued(reply)`` runs inside the
+    transaction, before the dispatch, so a caller can subscribe to the reply's stream without missing a frame.
+
+    The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
+    stored). Returns the queued reply.
+    """
+    system_prompt = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    turns = [m for m in messages if m["role"] != "system"]
+    first_user = next((m["content"] for m in turns if m["role"] == "user"), "")
+    with transaction.atomic():
+        # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
+        admission = admission_check(
+            user=user, prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages])
+        )
+        conversation = Conversation.objects.create(
+            owner=user,
+            title=title_from_content(first_user),
+            system_prompt=system_prompt,
+            stored=store,
+        )
+        for turn in turns:
+            Message.objects.create(conversation=conversation, role=turn["role"], content=turn["content"])
+        reply = Message.objects.create(
+            conversation=conversation,
+            role=Message.Role.ASSISTANT,
+            content="",
+            status=Message.Status.QUEUED,
+            model_name=model,
+            sampling=sampling or None,
+        )
+        admission.attach(reply)
+        conversation_touch(conversation=conversation)
+        if on_queued is not None:
+            on_queued(reply)
+        generations._dispatch(reply)
+    return reply
+
+
+def completion_cancel(*, user, message_id: int) -> Message:
+    """Cancel an API completion whose client went away (:func:`generations.reply_cancel`: a queued reply
+    ends at once, a streaming one within one decode step, its usage so far recorded by the worker). An
+    unstored conversation whose reply never reached a worker is deleted here; otherwise the worker's
+    ``generation_finish`` deletes it."""
+    message = generations.reply_cancel(user=user, message_id=message_id)
+    if message.status == Message.Status.CANCELLED and not message.conversation.stored:
+        Conversation.objects.filter(pk=message.conversation_id, stored=False).delete()
+    return message
