@@ -1,4 +1,18 @@
-"""Default plan values, used by the data migration and by ``manage.py bootstrap``."""
+"""Default plan values, used by the data migrations and by ``manage.py bootstrap``.
+
+Admission thresholds (``admit_max_wait_s``, seconds of expected wait, see ``conversations/load.py``): free
+requests are refused first (10 s), paid ones only past 60 s; ``ADMISSION_HARD_CAP_WAIT_S`` refuses everyone.
+"""
+
+#: Fields added by migration 0003 (tiers under load), set on existing rows by its data step.
+LOAD_FIELDS = (
+    "admit_max_wait_s",
+    "degrade_to_model",
+    "degrade_after_wait_s",
+    "backoff_kind",
+    "backoff_base_s",
+    "backoff_cap_s",
+)
 
 DEFAULT_TIERS = {
     "free": dict(
@@ -10,7 +24,12 @@ DEFAULT_TIERS = {
         max_context_tokens=2048,
         queue_priority=0,
         max_concurrent_generations=1,
-        queue_name="inference.free",
+        admit_max_wait_s=10.0,
+        degrade_to_model="",
+        degrade_after_wait_s=5.0,
+        backoff_kind="exponential",
+        backoff_base_s=10,
+        backoff_cap_s=160,
     ),
     "paid": dict(
         display_name="Paid",
@@ -21,6 +40,11 @@ DEFAULT_TIERS = {
         max_context_tokens=8192,
         queue_priority=10,
         max_concurrent_generations=4,
-        queue_name="inference.paid",
+        admit_max_wait_s=60.0,
+        degrade_to_model="",
+        degrade_after_wait_s=60.0,
+        backoff_kind="linear",
+        backoff_base_s=10,
+        backoff_cap_s=10,
     ),
 }

@@ -1,7 +1,10 @@
-"""Writes to the usage ledger and the tier table."""
+"""Writes to the usage ledger, the tier table and upgrade requests (quota writes: ``billing/quota.py``)."""
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from billing.defaults import DEFAULT_TIERS
-from billing.models import Tier, UsageRecord
+from billing.models import Tier, UpgradeRequest, UsageRecord
 
 
 def usage_record_create(
@@ -24,3 +27,71 @@ def tiers_ensure() -> list[Tier]:
     return [
         Tier.objects.get_or_create(name=name, defaults=values)[0] for name, values in DEFAULT_TIERS.items()
     ]
+
+
+class UpgradeError(Exception):
+    """An upgrade request that cannot be filed or decided; the message is meant for the user/admin."""
+
+
+def upgrade_request_create(*, user, to_tier: Tier, note: str = "") -> tuple[UpgradeRequest, str | None]:
+    """File a request to move ``user`` to ``to_tier`` and hand it to the payment provider.
+
+    Returns ``(request, checkout_url_or_None)``. Raises :class:`UpgradeError` when ``to_tier`` is the
+    user's own tier or a request is already pending (nothing stored)."""
+    from billing.payments import payment_provider
+
+    if to_tier.pk == user.tier_id:
+        raise UpgradeError("You are already on this plan.")
+    provider = payment_provider()
+    with transaction.atomic():
+        if UpgradeRequest.objects.filter(user=user, status=UpgradeRequest.Status.PENDING).exists():
+            raise UpgradeError("You already have a pending request.")
+        try:
+            with transaction.atomic():
+                request = UpgradeRequest.objects.create(
+                    user=user,
+                    from_tier_id=user.tier_id,
+                    to_tier=to_tier,
+                    provider=provider.name,
+                    note=note[:500],
+                )
+        except IntegrityError as exc:  # a concurrent double submit hit the one-pending constraint
+            raise UpgradeError("You already have a pending request.") from exc
+        url = provider.start(request)
+    return request, url
+
+
+def upgrade_request_approve(*, request: UpgradeRequest, decided_by=None) -> UpgradeRequest:
+    """Approve a pending request: the user moves to ``to_tier`` at once. Raises :class:`UpgradeError` when the
+    request is no longer pending."""
+    with transaction.atomic():
+        updated = UpgradeRequest.objects.filter(pk=request.pk, status=UpgradeRequest.Status.PENDING).update(
+            status=UpgradeRequest.Status.APPROVED, decided_at=timezone.now(), decided_by=decided_by
+        )
+        if not updated:
+            raise UpgradeError("This request was already decided.")
+        request.refresh_from_db()
+        user = request.user
+        user.tier = request.to_tier
+        user.save(update_fields=["tier"])
+    return request
+
+
+def upgrade_request_reject(*, request: UpgradeRequest, decided_by=None) -> UpgradeRequest:
+    """Reject a pending request (the user keeps the tier). Raises :class:`UpgradeError` when not pending."""
+    updated = UpgradeRequest.objects.filter(pk=request.pk, status=UpgradeRequest.Status.PENDING).update(
+        status=UpgradeRequest.Status.REJECTED, decided_at=timezone.now(), decided_by=decided_by
+    )
+    if not updated:
+        raise UpgradeError("This request was already decided.")
+    request.refresh_from_db()
+    return request
+
+
+def upgrade_request_cancel(*, user, request_id: int) -> bool:
+    """The user withdraws their own pending request; False when there was none to withdraw."""
+    return bool(
+        UpgradeRequest.objects.filter(pk=request_id, user=user, status=UpgradeRequest.Status.PENDING).update(
+            status=UpgradeRequest.Status.CANCELLED, decided_at=timezone.now()
+        )
+    )

@@ -1,25 +1,47 @@
-"""Admission control: whether a new generation may enter the queue, checked before anything is stored.
+"""Admission control: whether a new generation may enter the queue, decided before anything is stored.
 
 Refusals carry a protocol error code and, where waiting helps, ``retry_after`` in seconds, so the browser
-can show "busy, retrying in N s" and re-send the same frame. Checks, cheapest-to-fix last:
-concurrent generations per user, daily token quota, requests per minute (django-ratelimit's fixed
-window over the Redis cache), and the depth of the tier's queue (backpressure).
+can show "busy, retrying in N s" and re-send the same frame (HTTP: 503/429 with ``Retry-After``). Checks, in
+order (the cheap fleet read first, so refusals under overload take milliseconds):
+
+1. **Load** (``conversations/load.py``): no live worker for the tier's models -> ``no_workers``; the
+   expected wait above the hard cap ``ADMISSION_HARD_CAP_WAIT_S`` -> ``busy`` for everyone; above the
+   tier's own ``admit_max_wait_s`` -> ``busy`` (free tiers have the lower threshold, so they are refused
+   first and admitted again, automatically, once the wait falls back under it). A tier with a
+   ``degrade_to_model`` moves to that model while its own model's wait is above ``degrade_after_wait_s``.
+2. Concurrent generations per user -> ``too_many_generations``.
+3. Requests per minute (django-ratelimit's fixed window over the Redis cache) -> ``rate_limited``.
+4. Daily token quota -> ``quota_exceeded``: inside a transaction the quota is *reserved* (prompt upper
+   bound + reply limit, ``billing/quota.py``) and settled when the reply ends.
 """
 
+from __future__ import annotations
+
+import math
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import Func, IntegerField, Sum
 from django_ratelimit.core import get_usage
 
-from billing.selectors import seconds_until_tomorrow, usage_today
+from billing.models import DailyQuota
+from billing.quota import QuotaExceeded, quota_hold, quota_reserve, quota_status
+from billing.selectors import seconds_until_tomorrow
+from conversations import load
 from conversations.models import Message
 from conversations.selectors import active_generation_count
+from inference.registry import models_for_tier
+
+#: Tokens a chat template adds around a conversation (role markers, a default system prompt) and per turn.
+TEMPLATE_OVERHEAD_TOKENS = 64
+TEMPLATE_TOKENS_PER_TURN = 8
 
 
 @dataclass
 class AdmissionRefused(Exception):
-    """A generation was not admitted. ``code`` is a protocol error code (``busy``, ``rate_limited``,
-    ``quota_exceeded``, ``too_many_generations``); ``retry_after`` in seconds or None."""
+    """A generation was not admitted. ``code`` is a protocol error code (``busy``, ``no_workers``,
+    ``rate_limited``, ``quota_exceeded``, ``too_many_generations``); ``retry_after`` in seconds or None."""
 
     code: str
     message: str
@@ -29,32 +51,123 @@ class AdmissionRefused(Exception):
         return self.message
 
 
-def queue_depth(*, model_name: str) -> int:
-    """Generations queued or streaming for one model (all users)."""
-    return Message.objects.filter(
-        role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES, model_name=model_name
-    ).count()
+@dataclass
+class Admission:
+    """An admitted request: the model to run it on (``degraded`` when the tier's cheaper fallback was
+    chosen under load), the expected wait (s) that admitted it, and the quota reserved for it (tokens; the
+    ledger row is None when admission ran outside a transaction and only checked the quota)."""
+
+    model_name: str
+    degraded: bool
+    expected_wait_s: float
+    reserved_tokens: int = 0
+    quota: DailyQuota | None = None
+
+    def attach(self, message) -> None:
+        """Tie the quota reservation to the stored reply (same transaction), so its end settles it."""
+        if self.quota is not None:
+            quota_hold(quota=self.quota, message=message, tokens=self.reserved_tokens)
 
 
-def admission_check(*, user) -> None:
-    """Raise :class:`AdmissionRefused` unless ``user`` may start one more generation now. Counts one request
-    against the user's per-minute rate only when every other check passed."""
+def _retry_after(wait_s: float, threshold_s: float) -> int:
+    # The backlog drains in real time, so the wait falls under the threshold after about (wait - threshold) s.
+    return int(min(300, max(settings.ADMISSION_RETRY_AFTER_S, math.ceil(wait_s - threshold_s))))
+
+
+def route(*, tier) -> tuple[str, float, bool]:
+    """``(model_name, expected_wait_s, degraded)`` for a new request of ``tier``: its own model, or its
+    ``degrade_to_model`` while the own model's wait is above ``degrade_after_wait_s`` (or it has no worker)
+    and the fallback's wait is lower. Raises ``AdmissionRefused("no_workers")`` when neither is served."""
+    options = []
+    for name in models_for_tier(tier):
+        wait = load.expected_wait_s(tier=tier, model_name=name)
+        if wait is not None:
+            options.append((name, wait))
+    if not options:
+        raise AdmissionRefused(
+            "no_workers",
+            "No model workers are available right now; try again shortly.",
+            retry_after=settings.ADMISSION_RETRY_AFTER_S,
+        )
+    name, wait = options[0]
+    own_live = name == tier.model_name
+    if len(options) > 1 or not own_live:
+        fallback = options[-1]
+        if not own_live or (wait > tier.degrade_after_wait_s and fallback[1] < wait):
+            return fallback[0], fallback[1], True
+    return name, wait, False
+
+
+def prompt_tokens_bound_for_texts(texts: list[str]) -> int:
+    """The same upper bound as :func:`prompt_tokens_upper_bound` for turns not stored yet (the API)."""
+    return (
+        sum(len(t.encode()) for t in texts)
+        + TEMPLATE_OVERHEAD_TOKENS
+        + TEMPLATE_TOKENS_PER_TURN * (len(texts) + 2)
+    )
+
+
+def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
+    """An upper bound (tokens) of the prompt a reply in ``conversation`` can have, read without a tokenizer.
+
+    Byte-level BPE tokenizers never produce more tokens than UTF-8 bytes, so the conversation's bytes
+    (``octet_length`` summed in PostgreSQL) plus the chat template's fixed tokens bound the prompt; the
+    sliding window only ever drops turns."""
+    totals = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT]).aggregate(
+        bytes=Sum(Func("content", function="octet_length", output_field=IntegerField())),
+    )
+    turns = conversation.messages.count() + 2
+    return (
+        (totals["bytes"] or 0)
+        + len(conversation.system_prompt.encode())
+        + len(new_content.encode())
+        + TEMPLATE_OVERHEAD_TOKENS
+        + TEMPLATE_TOKENS_PER_TURN * turns
+    )
+
+
+def load_gate(*, tier) -> tuple[str, float, bool]:
+    """The load part of admission alone: ``route(tier)`` then the hard cap and the tier's threshold. Raises
+    ``AdmissionRefused`` (``no_workers``/``busy``). Reads only cached figures, so a caller can refuse before
+    opening a transaction; returns ``(model_name, expected_wait_s, degraded)``."""
+    model_name, wait, degraded = route(tier=tier)
+    if wait > settings.ADMISSION_HARD_CAP_WAIT_S:
+        raise AdmissionRefused(
+            "busy",
+            "The service is overloaded right now; please retry shortly.",
+            retry_after=_retry_after(wait, settings.ADMISSION_HARD_CAP_WAIT_S),
+        )
+    if wait > tier.admit_max_wait_s:
+        raise AdmissionRefused(
+            "busy",
+            f"The service is busy for the {tier.display_name or tier.name} plan right now; retrying shortly.",
+            retry_after=_retry_after(wait, tier.admit_max_wait_s),
+        )
+    return model_name, wait, degraded
+
+
+def load_gate_for_user(*, user) -> tuple[str, float, bool]:
+    """:func:`load_gate` for ``user``'s tier (read through the 1 s cache). The WebSocket consumer runs it
+    off Channels' single database thread, so refusals under overload do not queue behind other clients'
+    transactions."""
+    return load_gate(tier=load.cached_tier(user.tier_id))
+
+
+def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+    """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
+
+    ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
+    Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
+    max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
+    transaction the quota is only checked. Counts one request against the per-minute rate when the load
+    and concurrency checks passed."""
     tier = user.tier
+    model_name, wait, degraded = load_gate(tier=tier)
     if active_generation_count(user=user) >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",
             f"Your plan allows {tier.max_concurrent_generations} reply at a time; wait for the current one.",
             retry_after=settings.ADMISSION_RETRY_AFTER_S,
-        )
-    if usage_today(user=user)["total_tokens"] >= tier.tokens_per_day:
-        raise AdmissionRefused(
-            "quota_exceeded",
-            f"You have used today's {tier.tokens_per_day} tokens; the quota resets at midnight.",
-            retry_after=seconds_until_tomorrow(),
-        )
-    if queue_depth(model_name=tier.model_name) >= settings.ADMISSION_MAX_QUEUED:
-        raise AdmissionRefused(
-            "busy", "The service is busy right now.", retry_after=settings.ADMISSION_RETRY_AFTER_S
         )
     usage = get_usage(
         None,
@@ -69,3 +182,29 @@ def admission_check(*, user) -> None:
             f"Your plan allows {tier.requests_per_minute} messages per minute.",
             retry_after=max(1, usage["time_left"]),
         )
+    bound = tier.max_context_tokens if prompt_tokens_bound is None else prompt_tokens_bound
+    needed = max(1, min(tier.max_context_tokens, bound + tier.max_reply_tokens))
+    admission = Admission(model_name=model_name, degraded=degraded, expected_wait_s=wait)
+    if transaction.get_connection().in_atomic_block:
+        try:
+            admission.quota = quota_reserve(user=user, tokens=needed)
+        except QuotaExceeded as exc:
+            raise _quota_refusal(tier, remaining=exc.remaining, needed=needed) from exc
+        admission.reserved_tokens = needed
+    else:
+        remaining = quota_status(user=user).remaining
+        if remaining < needed:
+            raise _quota_refusal(tier, remaining=remaining, needed=needed)
+    load.note_admitted(model_name=model_name, priority=tier.queue_priority)
+    return admission
+
+
+def _quota_refusal(tier, *, remaining: int, needed: int) -> AdmissionRefused:
+    if remaining <= 0:
+        text = f"You have used today's {tier.tokens_per_day} tokens; the quota resets at midnight ({settings.TIME_ZONE})."
+    else:
+        text = (
+            f"This reply could need up to {needed} tokens and {remaining} of today's quota are left; "
+            f"start a new, shorter conversation or wait for the reset at midnight ({settings.TIME_ZONE})."
+        )
+    return AdmissionRefused("quota_exceeded", text, retry_after=seconds_until_tomorrow())

@@ -67,8 +67,9 @@ def cancel_key(message_id: int) -> str:
 # --- frame shapes -------------------------------------------------------------------------------------------
 
 
-def frame_queued(*, message, user_message_id: int | None, position: int) -> dict[str, Any]:
-    """``queued``: the reply is stored and waiting; ``position`` is its 1-based place in line."""
+def frame_queued(*, message, user_message_id: int | None, position: int, notice: str = "") -> dict[str, Any]:
+    """``queued``: the reply is stored and waiting; ``position`` is its 1-based place in line; ``model`` the
+    model that will write it and ``notice`` a sentence for the user (e.g. moved to a lighter model) or ""."""
     conversation = message.conversation
     return {
         "type": "queued",
@@ -78,6 +79,8 @@ def frame_queued(*, message, user_message_id: int | None, position: int) -> dict
         "position": position,
         "title": conversation.title,
         "omitted_messages": message.omitted_messages,
+        "model": message.model_name,
+        "notice": notice,
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from conversations import generations
-from conversations.admission import admission_check
+from conversations.admission import prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.services import conversation_touch, message_create, title_from_content
 
@@ -41,7 +41,10 @@ def completion_request(
     turns = [m for m in messages if m["role"] != "system"]
     first_user = next((m["content"] for m in turns if m["role"] == "user"), "")
     with transaction.atomic():
-        admission_check(user=user)
+        # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
+        admission = generations._admit(
+            user=user, prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages])
+        )
         conversation = Conversation.objects.create(
             owner=user,
             title=title_from_content(first_user),
@@ -61,6 +64,7 @@ def completion_request(
         )
         reply.sampling = sampling or None
         reply.save(update_fields=["sampling"])
+        admission.attach(reply)
         conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)

@@ -21,7 +21,7 @@ from django.http import Http404
 from pydantic import ValidationError
 
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import broadcast, generations
+from conversations import admission, broadcast, generations, load
 from conversations.admission import AdmissionRefused
 from conversations.protocol import (
     ContinueFrame,
@@ -185,8 +185,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 )
             )
 
+    async def admission_gate(self):
+        # Refuse under overload in milliseconds: from the 1 s cache right here on the event loop, else on a
+        # worker thread (thread_sensitive=False: not queued behind other clients' database work).
+        try:
+            with load.cached_only():
+                admission.load_gate_for_user(user=self.user)
+            return
+        except load.CacheMiss:
+            pass
+        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(user=self.user)
+
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
+        if frame.client_id is None:  # a resend with a client_id may be answered from its stored ticket first
+            await self.admission_gate()
         # The root span of the reply's trace; the Celery task carries its context to the worker.
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
             ticket = await database_sync_to_async(generations.reply_request)(
@@ -200,6 +213,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
+        await self.admission_gate()
         ticket = await database_sync_to_async(generations.reply_regenerate)(
             user=self.user, conversation_id=frame.conversation_id
         )
@@ -242,7 +256,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.own_changes[ticket.message.conversation_id] += 1
         await self.watch(ticket.message.id)
         frame = await database_sync_to_async(broadcast.frame_queued)(
-            message=ticket.message, user_message_id=ticket.user_message_id, position=ticket.position
+            message=ticket.message,
+            user_message_id=ticket.user_message_id,
+            position=ticket.position,
+            notice=ticket.notice,
         )
         await self.send_json(frame)
         if ticket.duplicate and ticket.message.status != ticket.message.Status.QUEUED:

@@ -20,9 +20,16 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, broadcast, token_budget
-from conversations.admission import AdmissionRefused, admission_check
+from conversations.admission import (
+    Admission,
+    AdmissionRefused,
+    admission_check,
+    load_gate,
+    prompt_tokens_upper_bound,
+)
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import conversation_create, message_create, title_from_content
@@ -48,8 +55,15 @@ class ReplyTicket:
     message: Message
     user_message_id: int | None
     position: int
+    notice: str = ""
     #: True when a resent ``send`` (same ``client_id``) found the ticket stored by the first one.
     duplicate: bool = False
+
+
+def _notice(admission: Admission) -> str:
+    if not admission.degraded:
+        return ""
+    return f"The service is busy, so this reply comes from the lighter model {admission.model_name}."
 
 
 def queue_position(*, message: Message) -> int:
@@ -89,19 +103,21 @@ def _dispatch(message: Message) -> None:
     )
 
 
-def _admit(*, user) -> None:
-    """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals)."""
+def _admit(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+    """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals).
+    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply)."""
     from observability import metrics, refusals, tracing
 
     tier = user.tier.name
     with tracing.span("admission", tier=tier):
         try:
-            admission_check(user=user)
+            admission = admission_check(user=user, prompt_tokens_bound=prompt_tokens_bound)
         except AdmissionRefused as exc:
             metrics.observe_admission(tier=tier, refused_code=exc.code)
             refusals.refusal_record(tier=tier, reason=exc.code)
             raise
     metrics.observe_admission(tier=tier)
+    return admission
 
 
 def _refuse_if_busy(conversation: Conversation) -> None:
@@ -111,16 +127,17 @@ def _refuse_if_busy(conversation: Conversation) -> None:
         )
 
 
-def _queue_reply(*, conversation: Conversation, parent: Message) -> Message:
+def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admission) -> Message:
     _refuse_if_busy(conversation)
     message = message_create(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
         content="",
         status=Message.Status.QUEUED,
-        model_name=conversation.owner.tier.model_name,
+        model_name=admission.model_name,
         parent=parent,
     )
+    admission.attach(message)
     _dispatch(message)
     # Every other tab of the user shows the new branch (tab sync through the per-user group).
     broadcast.publish_to_user_on_commit(
@@ -180,6 +197,7 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
         existing = _ticket_for_client_id(user=user, client_id=client_id)
         if existing is not None:
             return existing
+    load_gate(tier=user.tier)  # refuse under overload before opening a transaction (cached figures only)
     try:
         with tracing.span("db.transaction"), transaction.atomic():
             if conversation_id is None:
@@ -192,18 +210,24 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
                 conversation = conversation_create(
                     owner=user, title=title_from_content(content), client_id=client_id
                 )
-            _admit(user=user)
+            admission = _admit(
+                user=user,
+                prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+            )
             user_message = message_create(
                 conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
             )
-            assistant = _queue_reply(conversation=conversation, parent=user_message)
+            assistant = _queue_reply(conversation=conversation, parent=user_message, admission=admission)
     except IntegrityError:
         existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
         if existing is None:
             raise
         return existing
     return ReplyTicket(
-        message=assistant, user_message_id=user_message.id, position=queue_position(message=assistant)
+        message=assistant,
+        user_message_id=user_message.id,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
     )
 
 
@@ -226,9 +250,16 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
         parent = newest if newest.role == Message.Role.USER else newest.parent
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
-        _admit(user=user)
-        assistant = _queue_reply(conversation=conversation, parent=parent)
-    return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
+        admission = _admit(
+            user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
+        )
+        assistant = _queue_reply(conversation=conversation, parent=parent, admission=admission)
+    return ReplyTicket(
+        message=assistant,
+        user_message_id=None,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
+    )
 
 
 def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
@@ -245,13 +276,19 @@ def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
         conversation = original.conversation
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
         _refuse_if_busy(conversation)
-        _admit(user=user)
+        admission = _admit(
+            user=user,
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+        )
         edited = message_create(
             conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
         )
-        assistant = _queue_reply(conversation=conversation, parent=edited)
+        assistant = _queue_reply(conversation=conversation, parent=edited, admission=admission)
     return ReplyTicket(
-        message=assistant, user_message_id=edited.id, position=queue_position(message=assistant)
+        message=assistant,
+        user_message_id=edited.id,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
     )
 
 
@@ -270,9 +307,16 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             )
         if conversation.active_leaf_id != cut.pk:
             raise GenerationError("invalid_request", "Only the last reply can be continued.")
-        _admit(user=user)
-        assistant = _queue_reply(conversation=conversation, parent=cut)
-    return ReplyTicket(message=assistant, user_message_id=None, position=queue_position(message=assistant))
+        admission = _admit(
+            user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
+        )
+        assistant = _queue_reply(conversation=conversation, parent=cut, admission=admission)
+    return ReplyTicket(
+        message=assistant,
+        user_message_id=None,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
+    )
 
 
 def reply_cancel(*, user, message_id: int) -> Message:
@@ -284,6 +328,7 @@ def reply_cancel(*, user, message_id: int) -> Message:
     )
     message.refresh_from_db()
     if cancelled_now:
+        quota_settle(message=message, used_tokens=0)
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
     elif message.status == Message.Status.STREAMING:
         broadcast.request_cancel(message.id)
@@ -375,6 +420,8 @@ def generation_finish(
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
             )
+        if updated:  # release the quota reserved at admission; charge the real count
+            quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
         if updated and not message.conversation.stored:
             # An API completion without ``store: true`` (conversations/completions.py): the done frame above
@@ -417,6 +464,8 @@ def generations_reap_interrupted(
                 updated_at=timezone.now(),
             ):
                 message = Message.objects.select_related("conversation").get(pk=message_id)
+                # A reply our worker lost is not charged (its late finish, if any, charges the real count).
+                quota_settle(message=message, used_tokens=0)
                 broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
                 if not message.conversation.stored:  # an unstored API completion: nothing to retry
                     message.conversation.delete()

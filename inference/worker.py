@@ -53,6 +53,7 @@ class WorkerHost:
         self.metrics_port = 0  # set by observability.workerops when the metrics endpoint is up
         self.node = ""  # Celery node name
         self._decode_samples: list[tuple[float, int]] = []
+        # Tokens streamed by this process's replies: the decode rate's source until the engine counts them.
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -84,14 +85,11 @@ class WorkerHost:
         ~5 s, and the pending-token figures come from the engine's load, where the engine reports them."""
         load = self.engine.load()
         now = time.monotonic()
-        total = getattr(load, "decode_tokens_total", None)
-        tps = 0.0
-        if total is not None:
-            self._decode_samples.append((now, total))
-            self._decode_samples = [(t, n) for t, n in self._decode_samples if now - t <= 5.0]
-            (t0, n0) = self._decode_samples[0]
-            if now > t0:
-                tps = (total - n0) / (now - t0)
+        total = load.decode_tokens_total
+        self._decode_samples.append((now, total))
+        self._decode_samples = [(t, n) for t, n in self._decode_samples if now - t <= 5.0]
+        (t0, n0) = self._decode_samples[0]
+        tps = (total - n0) / (now - t0) if now > t0 else 0.0
         with self._lock:
             active = len(self._active)
         return fleet.WorkerStatus(

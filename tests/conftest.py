@@ -66,15 +66,21 @@ def broker_take(queue_name: str) -> list[tuple[list, int]]:
 
 @pytest.fixture
 def redis_clean(settings):
-    """Empty our keys in the test Redis database (channel layer, replay streams, leases, rate-limit counters) and
-    the messages waiting in the test broker's model queues (a running worker keeps its own consumer)."""
+    """Empty our keys in the test Redis database (channel layer, replay streams, leases, rate-limit counters; not
+    the live workers' fleet status) and the messages waiting in the test broker's model queues (a running
+    worker keeps its own consumer)."""
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
 
     def clean():
         for pattern in ("chatsite*", "asgi*"):
-            keys = list(client.scan_iter(match=pattern, count=1000))
+            # Live workers' fleet status stays: admission control refuses everything without it.
+            keys = [
+                k
+                for k in client.scan_iter(match=pattern, count=1000)
+                if not k.startswith(b"chatsite:worker:")
+            ]
             if keys:
                 client.delete(*keys)
         broker_purge()

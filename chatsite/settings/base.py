@@ -167,9 +167,22 @@ INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
 INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
 INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
-# Admission control: how many generations may be queued or running per tier queue before new ones are refused.
-ADMISSION_MAX_QUEUED = env.int("ADMISSION_MAX_QUEUED", default=256)
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
+# --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
+# Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
+ADMISSION_HARD_CAP_WAIT_S = env.float("ADMISSION_HARD_CAP_WAIT_S", default=120.0)
+# Mean reply length (tokens) the expected wait assumes per request ahead.
+ADMISSION_MEAN_REPLY_TOKENS = env.int("ADMISSION_MEAN_REPLY_TOKENS", default=128)
+# Decode tokens/s assumed for a worker that reports none (idle, or an engine without the counter).
+ADMISSION_DECODE_TOKENS_PER_S = env.float("ADMISSION_DECODE_TOKENS_PER_S", default=140.0)
+# How long one fleet/queue read is reused by admission in a web process (s).
+ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
+# Task threads per worker when started without --concurrency: the engine's running slots plus a few, so the
+# engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
+# priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
+CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
+# Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
+BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)

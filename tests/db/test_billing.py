@@ -15,7 +15,7 @@ def test_default_tiers_exist_and_differ():
     assert paid.tokens_per_day > free.tokens_per_day
     assert paid.max_reply_tokens > free.max_reply_tokens
     assert free.max_reply_tokens < free.max_context_tokens
-    assert free.queue_name != paid.queue_name
+    assert paid.admit_max_wait_s > free.admit_max_wait_s
 
 
 def test_usage_today_and_month_sum_only_that_users_records(alice, bob):

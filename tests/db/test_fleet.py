@@ -2,7 +2,11 @@
 
 import time
 
+import pytest
+
 from inference import fleet
+
+pytestmark = pytest.mark.real_fleet
 
 
 def test_published_worker_is_live_until_unpublished(redis_clean):

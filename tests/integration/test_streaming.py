@@ -164,14 +164,22 @@ async def test_disconnect_and_resume_replays_and_continues(
 
 
 async def test_killed_worker_leaves_reply_interrupted_not_streaming(
-    worker_factory, session_cookie, reply_tokens, redis_clean
+    worker_factory, session_cookie, reply_tokens, redis_clean, settings
 ):
     from inference.worker import LEASE_TTL_S, reap_interrupted
+    from tests.db.conftest import fake_worker, publish_worker
 
     # The victim alone serves a queue of its own, so it is certainly the one generating this reply: replies of
     # the free tier name a model whose queue only the victim consumes (its engine serves the default weights).
     await database_sync_to_async(Tier.objects.filter(name="free").update)(model_name="victim")
     victim = await asyncio.to_thread(worker_factory, "victim", "inference.victim")
+    # Admission control needs a live worker for "victim": register the name here and publish the victim's
+    # status under it (the victim itself publishes the default model's name, the weights it loaded).
+    settings.INFERENCE_MODELS = {
+        **settings.INFERENCE_MODELS,
+        "victim": settings.INFERENCE_MODELS[settings.INFERENCE_DEFAULT_MODEL],
+    }
+    await asyncio.to_thread(publish_worker, fake_worker("victim"), ttl_s=60)
     await database_sync_to_async(reply_tokens)(400)
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": LONG_PROMPT})

@@ -82,7 +82,7 @@ class Command(BaseCommand):
                 max_context_tokens=paid.max_context_tokens,
                 queue_priority=paid.queue_priority,
                 max_concurrent_generations=1,
-                queue_name=paid.queue_name,
+                admit_max_wait_s=paid.admit_max_wait_s,
             ),
         )
         cookies = []

@@ -1,0 +1,153 @@
+"""The daily token quota, exact under concurrency: reserve at admission, settle when the reply ends.
+
+Every user has one :class:`~billing.models.DailyQuota` row per quota day. Admission reserves the most a
+reply can cost (prompt upper bound + the tier's reply limit) with ONE conditional UPDATE::
+
+    UPDATE billing_dailyquota SET reserved_tokens = reserved_tokens + n
+     WHERE user_id = u AND day = d AND used_tokens <= limit + granted_tokens - reserved_tokens - n
+
+PostgreSQL re-evaluates the WHERE clause on the latest row version after taking the row lock, so twenty
+concurrent admissions of one user serialize on that row and the sum ``used + reserved`` can never pass
+``limit + granted`` (the same idea as a bank ledger's "available balance" hold). When the reply ends
+(finished, cancelled, failed, interrupted) :func:`quota_settle` deletes its reservation row and moves the
+real token count into ``used_tokens``, releasing the rest. Deleting the reservation row is what makes
+settlement happen once even when the worker and a reaper race.
+
+The quota day is the date in ``settings.TIME_ZONE`` (UTC by default): every user's quota resets at the
+same instant, midnight UTC. A reply settles on the day it was admitted, even if it ends after midnight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from billing.models import DailyQuota, QuotaGrant, QuotaReservation
+
+
+class QuotaExceeded(Exception):
+    """The reservation does not fit in what is left of today's quota. ``remaining`` in tokens."""
+
+    def __init__(self, *, remaining: int, needed: int):
+        super().__init__(f"{needed} tokens needed, {remaining} left today")
+        self.remaining = remaining
+        self.needed = needed
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    """One user's quota day in tokens: ``limit`` (tier), ``granted`` (admin extra), ``used`` (settled),
+    ``reserved`` (held by replies still running) and ``remaining = limit + granted - used - reserved``."""
+
+    day: date
+    limit: int
+    granted: int
+    used: int
+    reserved: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit + self.granted - self.used - self.reserved)
+
+
+def quota_day(now=None) -> date:
+    """Today's quota day: the date in ``settings.TIME_ZONE`` (UTC unless the operator set another zone)."""
+    return timezone.localdate(now or timezone.now())
+
+
+def _ensure_row(*, user_id: int, day: date) -> None:
+    # INSERT ... ON CONFLICT DO NOTHING: two first requests of the day cannot both create the row.
+    DailyQuota.objects.bulk_create([DailyQuota(user_id=user_id, day=day)], ignore_conflicts=True)
+
+
+def quota_status(*, user, day: date | None = None) -> QuotaStatus:
+    """The user's quota for ``day`` (default today); an untouched day reads as all zeros."""
+    day = day or quota_day()
+    row = DailyQuota.objects.filter(user=user, day=day).first()
+    return QuotaStatus(
+        day=day,
+        limit=user.tier.tokens_per_day,
+        granted=row.granted_tokens if row else 0,
+        used=row.used_tokens if row else 0,
+        reserved=row.reserved_tokens if row else 0,
+    )
+
+
+def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
+    """Hold ``tokens`` (> 0) of ``user``'s quota for ``day`` (default today). Returns the ledger row.
+
+    Raises :class:`QuotaExceeded` (nothing held) when ``used + reserved + tokens`` would pass the tier's
+    ``tokens_per_day`` plus today's grants. Call it inside the transaction that stores the reply, then
+    :func:`quota_hold` the reservation on the stored message: a rollback releases everything.
+    """
+    if tokens <= 0:
+        raise ValueError("a reservation holds at least one token")
+    day = day or quota_day()
+    limit = user.tier.tokens_per_day
+    _ensure_row(user_id=user.pk, day=day)
+    rows = DailyQuota.objects.filter(
+        user_id=user.pk,
+        day=day,
+        used_tokens__lte=limit + F("granted_tokens") - F("reserved_tokens") - tokens,
+    ).update(reserved_tokens=F("reserved_tokens") + tokens)
+    row = DailyQuota.objects.get(user_id=user.pk, day=day)
+    if not rows:
+        raise QuotaExceeded(
+            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
+            needed=tokens,
+        )
+    return row
+
+
+def quota_hold(*, quota: DailyQuota, message, tokens: int) -> QuotaReservation:
+    """Tie a reservation made by :func:`quota_reserve` to the reply it admitted (same transaction)."""
+    return QuotaReservation.objects.create(quota=quota, message=message, tokens=tokens)
+
+
+def quota_settle(*, message, used_tokens: int, user=None) -> bool:
+    """Release ``message``'s reservation and charge ``used_tokens`` (prompt + completion, >= 0) instead.
+
+    Returns True when a reservation was settled. A reply with no reservation (admitted outside a
+    transaction, or already settled and then finished late) charges ``used_tokens`` to today's row of
+    ``user`` (default: the conversation's owner) so usage is never lost. Idempotent for a reservation.
+    """
+    if used_tokens < 0:
+        raise ValueError("token counts must be non-negative")
+    with transaction.atomic():
+        reservation = QuotaReservation.objects.select_for_update().filter(message_id=message.pk).first()
+        if reservation is None:
+            if used_tokens:
+                owner_id = user.pk if user is not None else message.conversation.owner_id
+                day = quota_day()
+                _ensure_row(user_id=owner_id, day=day)
+                DailyQuota.objects.filter(user_id=owner_id, day=day).update(
+                    used_tokens=F("used_tokens") + used_tokens
+                )
+            return False
+        DailyQuota.objects.filter(pk=reservation.quota_id).update(
+            reserved_tokens=F("reserved_tokens") - reservation.tokens,
+            used_tokens=F("used_tokens") + used_tokens,
+        )
+        reservation.delete()
+        return True
+
+
+def quota_grant(
+    *, user, tokens: int, day: date | None = None, reason: str = "", granted_by=None
+) -> QuotaGrant:
+    """Give ``user`` ``tokens`` (> 0) extra for one quota day (default today); recorded as a QuotaGrant."""
+    if tokens <= 0:
+        raise ValueError("a grant adds at least one token")
+    day = day or quota_day()
+    with transaction.atomic():
+        _ensure_row(user_id=user.pk, day=day)
+        DailyQuota.objects.filter(user_id=user.pk, day=day).update(
+            granted_tokens=F("granted_tokens") + tokens
+        )
+        return QuotaGrant.objects.create(
+            user=user, day=day, tokens=tokens, reason=reason, granted_by=granted_by
+        )

@@ -1,0 +1,206 @@
+"""The fleet's load as one figure per tier: the **expected wait** (seconds) before a new request's prefill.
+
+Inputs, both cached in-process for ``ADMISSION_LOAD_CACHE_S`` (1 s) so that admission under overload costs
+no more than a dictionary lookup most of the time:
+
+* the live workers' published status (``inference.fleet.live_workers``: per worker ``waiting``,
+  ``running``, ``decode_tokens_per_s``, ``draining``, ``model``), read from Redis; a worker that died
+  disappears within its 5 s TTL;
+* the replies queued in PostgreSQL for a model (``status = queued``) whose tier priority is at least the new
+  request's: the ones a broker priority queue delivers before it. Counted in PostgreSQL rather than asked
+  of the broker because the broker's ``message_count`` is per queue, not per priority, and misses replies
+  whose dispatch is waiting for a commit (see the README's tiers section for the measurement).
+
+Formula, for a model ``m`` and a request of priority ``p``::
+
+    ahead   = min(waiting in m's engines, max(0, streaming(m, priority >= p) - running in m's engines))
+              + queued(m, priority >= p)
+    rate    = capacity per worker x workers, where the capacity is the decode tokens/s measured while the
+              engines had requests waiting (saturated), best recent reading decaying 10 % per read;
+              ADMISSION_DECODE_TOKENS_PER_S until one was measured; an unsaturated fleet's own measured
+              rate when higher
+    wait(m, p) = ahead * ADMISSION_MEAN_REPLY_TOKENS / rate        # 0 when nothing is ahead
+
+i.e. a request starts when the ``ahead`` requests before it have started, and a continuously batched fleet
+finishes (so frees a slot for) ``rate / mean_reply_tokens`` requests per second (Little's law).
+Borrowed from the "estimated queue time" admission of LLM serving systems (e.g. Llumnix, OSDI '24;
+SGLang's load-aware router): one comparable number per tier, compared with that tier's threshold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Count, Q
+
+from conversations.models import Message
+from inference import fleet
+
+_cache: dict[tuple, tuple[float, object]] = {}
+_cache_lock = threading.Lock()
+# Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
+# taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
+_recent: list[tuple[float, str, int]] = []
+# Decode rate (tokens/s) last measured per model while its engines had requests waiting: their capacity.
+_capacity: dict[str, float] = {}
+
+
+_cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
+
+
+class CacheMiss(Exception):
+    """Raised inside :func:`cached_only` when a figure would need Redis or PostgreSQL."""
+
+
+@contextmanager
+def cached_only():
+    """Within this block every read is served from the cache or raises :class:`CacheMiss`: lets an async
+    caller (the WebSocket consumer) decide admission on its event loop, without a thread hop, when fresh."""
+    token = _cached_only.set(True)
+    try:
+        yield
+    finally:
+        _cached_only.reset(token)
+
+
+def _cached(key: tuple, compute):
+    ttl = settings.ADMISSION_LOAD_CACHE_S
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and now - hit[0] < ttl:
+            return hit[1]
+    if _cached_only.get():
+        raise CacheMiss(key)
+    value = compute()
+    with _cache_lock:
+        _cache[key] = (now, value)
+    return value
+
+
+def forget_reads() -> None:
+    """Forget cached fleet and queue reads and recent admissions; keep the learned capacity."""
+    with _cache_lock:
+        _cache.clear()
+        _recent.clear()
+
+
+def clear_cache() -> None:
+    """Forget everything this process learned about the fleet (tests; an operator's shell)."""
+    forget_reads()
+    with _cache_lock:
+        _capacity.clear()
+
+
+def note_admitted(*, model_name: str, priority: int) -> None:
+    """Record that this process just admitted a request for ``model_name`` (see :func:`queued_ahead`)."""
+    now = time.monotonic()
+    horizon = now - 2 * settings.ADMISSION_LOAD_CACHE_S - 1
+    with _cache_lock:
+        _recent[:] = [r for r in _recent if r[0] > horizon]
+        _recent.append((now, model_name, priority))
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """The fleet's load for one model: ``workers`` live, non-draining workers; ``waiting`` / ``running``
+    requests in their engines; ``decode_tokens_per_s`` their summed decode rate (tokens/s, with the
+    per-worker fallback applied)."""
+
+    model: str
+    workers: int
+    waiting: int
+    running: int
+    decode_tokens_per_s: float
+
+
+def fleet_load() -> dict[str, ModelLoad]:
+    """Load per model name from the live, ready, non-draining workers (cached ``ADMISSION_LOAD_CACHE_S``)."""
+
+    def compute() -> dict[str, ModelLoad]:
+        by_model: dict[str, list[fleet.WorkerStatus]] = {}
+        for worker in fleet.live_workers():
+            if worker.ready and not worker.draining:
+                by_model.setdefault(worker.model, []).append(worker)
+        loads = {}
+        for model, workers in by_model.items():
+            waiting = sum(w.waiting for w in workers)
+            measured = sum(w.decode_tokens_per_s for w in workers)
+            if waiting > 0 and measured > 0:
+                # Saturated: the measured rate is the capacity. A 5 s window full of prefill reads low, so
+                # keep the best recent figure, decaying 10 % per reading towards newer measurements.
+                previous = _capacity.get(model, 0.0)
+                _capacity[model] = max(measured / len(workers), 0.9 * previous)
+            per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
+            loads[model] = ModelLoad(
+                model=model,
+                workers=len(workers),
+                waiting=waiting,
+                running=sum(w.running for w in workers),
+                # Saturated engines run at their measured rate; a partly idle fleet could run faster.
+                decode_tokens_per_s=per_worker * len(workers)
+                if waiting > 0 and measured > 0
+                else max(measured, per_worker * len(workers)),
+            )
+        return loads
+
+    return _cached(("fleet",), compute)
+
+
+def cached_tier(tier_id: int):
+    """The :class:`~billing.models.Tier` row ``tier_id`` (cached like the load figures)."""
+    from billing.models import Tier
+
+    return _cached(("tier", tier_id), lambda: Tier.objects.get(pk=tier_id))
+
+
+def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
+    """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
+    are those a priority broker queue hands out before a new request of that priority; streaming ones are
+    in an engine (running or waiting). One indexed query, cached; requests this process admitted since
+    the cached read are added to ``queued``."""
+    key = ("active", model_name, priority)
+
+    def compute() -> tuple[int, int]:
+        counts = Message.objects.filter(
+            role=Message.Role.ASSISTANT,
+            status__in=Message.ACTIVE_STATUSES,
+            model_name=model_name,
+            conversation__owner__tier__queue_priority__gte=priority,
+        ).aggregate(
+            queued=Count("id", filter=Q(status=Message.Status.QUEUED)),
+            streaming=Count("id", filter=Q(status=Message.Status.STREAMING)),
+        )
+        return counts["queued"], counts["streaming"]
+
+    queued, streaming = _cached(key, compute)
+    with _cache_lock:
+        read_at = _cache[key][0] if key in _cache else time.monotonic()
+        since = sum(1 for t, m, p in _recent if t >= read_at and m == model_name and p >= priority)
+    return queued + since, streaming
+
+
+def queued_ahead(*, model_name: str, priority: int) -> int:
+    """Replies queued for ``model_name`` at priority >= ``priority`` (see :func:`active_at_or_above`)."""
+    return active_at_or_above(model_name=model_name, priority=priority)[0]
+
+
+def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
+    """Seconds a new request of ``tier`` is expected to wait before its prefill on ``model_name`` (default:
+    the tier's own model). None when no live worker serves that model. Formula in the module docstring."""
+    model_name = model_name or tier.model_name
+    load = fleet_load().get(model_name)
+    if load is None:
+        return None
+    queued, streaming = active_at_or_above(model_name=model_name, priority=tier.queue_priority)
+    # Engines admit by priority too: requests of priority >= p fill the running slots first, so those of them
+    # beyond the running ones are the waiting ones ahead (all waiting ones for the lowest priority).
+    ahead = min(load.waiting, max(0, streaming - load.running)) + queued
+    if ahead <= 0:
+        return 0.0
+    return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)

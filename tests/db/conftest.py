@@ -1,0 +1,70 @@
+"""Database-layer fixtures: a published idle fleet, so admission control finds a live worker.
+
+Admission refuses every request with ``no_workers`` when no worker has published its status (see
+``conversations/load.py``). Database-layer tests run no worker process, so every test here gets one idle
+worker status per registered model written to the test Redis through the real ``inference.fleet.publish``
+path (a long TTL instead of the 1 s refresh). Tests of the fleet or of admission under load opt out with
+``@pytest.mark.real_fleet`` and publish what they need themselves.
+"""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+
+def fake_worker(model: str, *, index: int = 0, **load):
+    """A :class:`~inference.fleet.WorkerStatus` of a ready worker serving ``model`` with ``load`` figures."""
+    from inference import fleet
+
+    return fleet.WorkerStatus(
+        worker_id=f"test-fleet-{model}:{index}",
+        host="test-fleet",
+        pid=index,
+        model=model,
+        ready=True,
+        max_num_seqs=32,
+        **load,
+    )
+
+
+def publish_worker(status, *, ttl_s: int = 300) -> None:
+    """Publish ``status`` like a worker does, with a TTL long enough for a slow test."""
+    import time
+
+    from conversations import broadcast, load
+    from inference import fleet
+
+    status.updated_at = time.time()
+    broadcast.redis_client().set(fleet.status_key(status.worker_id), json.dumps(asdict(status)), ex=ttl_s)
+    load.forget_reads()
+
+
+def clear_fleet() -> None:
+    from conversations import broadcast, load
+    from inference import fleet
+
+    client = broadcast.redis_client()
+    keys = list(client.scan_iter(match=f"{fleet.KEY_PREFIX}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    load.clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def idle_fleet(request):
+    """One idle worker per registered model (unless the test is marked ``real_fleet``)."""
+    if "redis_clean" in request.fixturenames:
+        request.getfixturevalue("redis_clean")  # it empties chatsite:* keys: let it run first
+    if request.node.get_closest_marker("real_fleet"):
+        clear_fleet()
+        yield
+        clear_fleet()
+        return
+    from django.conf import settings
+
+    clear_fleet()
+    for model in settings.INFERENCE_MODELS:
+        publish_worker(fake_worker(model))
+    yield
+    clear_fleet()

@@ -1,0 +1,140 @@
+"""The daily token quota: reserved at admission, settled at the end, exact under concurrency."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from billing.models import DailyQuota, QuotaGrant, QuotaReservation, Tier, UsageRecord
+from billing.quota import quota_day, quota_grant, quota_settle, quota_status
+from conversations import generations
+from conversations.admission import AdmissionRefused
+from conversations.models import Message
+
+LIMIT = 10_000
+
+
+def near_limit_tier(*, used: int, user):
+    Tier.objects.filter(name="paid").update(
+        tokens_per_day=LIMIT,
+        max_reply_tokens=100,
+        max_context_tokens=1000,
+        max_concurrent_generations=100,
+        requests_per_minute=1000,
+    )
+    user.refresh_from_db()
+    DailyQuota.objects.create(user=user, day=quota_day(), used_tokens=used)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_requests_near_the_limit_never_pass_the_quota(make_user, redis_clean):
+    carol = make_user("carol", tier="paid")
+    near_limit_tier(used=LIMIT - 1000, user=carol)
+    # Each new one-word conversation reserves prompt bound (2 bytes + 64 + 8 * 2 template tokens) + 100.
+    per_request = 2 + 64 + 16 + 100
+    results: list[object] = []
+    barrier = threading.Barrier(20)
+
+    def one(i: int):
+        from accounts.models import User
+
+        user = User.objects.select_related("tier").get(pk=carol.pk)
+        barrier.wait()
+        try:
+            results.append(generations.reply_request(user=user, conversation_id=None, content=f"{i:02d}"))
+        except AdmissionRefused as exc:
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    admitted = [r for r in results if isinstance(r, generations.ReplyTicket)]
+    refused = [r for r in results if isinstance(r, AdmissionRefused)]
+    assert len(admitted) == 1000 // per_request == 5
+    assert len(refused) == 15 and {r.code for r in refused} == {"quota_exceeded"}
+    row = DailyQuota.objects.get(user=carol)
+    assert row.used_tokens + row.reserved_tokens <= LIMIT
+    assert (
+        row.reserved_tokens
+        == 5 * per_request
+        == QuotaReservation.objects.filter(quota=row).count() * per_request
+    )
+    assert Message.objects.filter(role="assistant", status="queued").count() == 5
+
+    # Each reply ends using 150 of its 182 reserved tokens: the rest is released, usage stays under quota.
+    for ticket in admitted:
+        message = generations.generation_start(message_id=ticket.message.id)
+        generations.generation_finish(
+            message=message, status="completed", text="ok", prompt_tokens=50, completion_tokens=100
+        )
+    row.refresh_from_db()
+    assert (row.reserved_tokens, row.used_tokens) == (0, LIMIT - 1000 + 5 * 150)
+    assert not QuotaReservation.objects.exists()
+    assert sum(u.total_tokens for u in UsageRecord.objects.filter(user=carol)) == 5 * 150
+
+
+@pytest.mark.django_db
+def test_cancel_of_a_queued_reply_releases_its_reservation(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    assert quota_status(user=alice).reserved > 0
+    generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    status = quota_status(user=alice)
+    assert (status.reserved, status.used) == (0, 0)
+    assert not QuotaReservation.objects.exists()
+
+
+@pytest.mark.django_db
+def test_failed_and_interrupted_replies_settle(alice, bob, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.generation_start(message_id=ticket.message.id)
+    generations.generation_finish(message=message, status="failed", text="", error="boom")
+    assert (quota_status(user=alice).reserved, quota_status(user=alice).used) == (0, 0)
+
+    ticket = generations.reply_request(user=bob, conversation_id=None, content="hi")
+    generations.generation_start(message_id=ticket.message.id)
+    Message.objects.filter(pk=ticket.message.id).update(updated_at=datetime.now(UTC) - timedelta(minutes=5))
+    assert generations.generations_reap_interrupted(is_alive=lambda _: False) == [ticket.message.id]
+    assert quota_status(user=bob).reserved == 0
+    # The worker was only slow: its late finish charges the real count once.
+    message = Message.objects.get(pk=ticket.message.id)
+    generations.generation_finish(
+        message=message, status="completed", text="late", prompt_tokens=10, completion_tokens=5
+    )
+    assert quota_status(user=bob).used == 15
+
+
+@pytest.mark.django_db
+def test_settlement_happens_once(alice, redis_clean):
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    assert quota_settle(message=ticket.message, used_tokens=30) is True
+    assert quota_settle(message=ticket.message, used_tokens=30) is False  # no reservation: charged as usage
+    assert quota_status(user=alice).used == 60 and quota_status(user=alice).reserved == 0
+
+
+@pytest.mark.django_db
+def test_admin_grant_admits_a_user_over_quota_for_that_day_only(alice, redis_clean):
+    DailyQuota.objects.create(user=alice, day=quota_day(), used_tokens=alice.tier.tokens_per_day)
+    with pytest.raises(AdmissionRefused) as refused:
+        generations.reply_request(user=alice, conversation_id=None, content="hi")
+    assert refused.value.code == "quota_exceeded"
+    quota_grant(user=alice, tokens=5000, reason="support ticket")
+    assert (
+        generations.reply_request(user=alice, conversation_id=None, content="hi").message.status == "queued"
+    )
+    assert QuotaGrant.objects.get(user=alice).tokens == 5000
+    tomorrow = quota_day() + timedelta(days=1)
+    assert quota_status(user=alice, day=tomorrow).granted == 0
+
+
+def test_quota_day_is_the_date_in_the_configured_zone(settings):
+    late_utc = datetime(2026, 3, 1, 23, 30, tzinfo=UTC)
+    settings.TIME_ZONE = "UTC"
+    assert quota_day(late_utc).isoformat() == "2026-03-01"
+    settings.TIME_ZONE = "Asia/Tokyo"
+    assert quota_day(late_utc).isoformat() == "2026-03-02"
