@@ -16,17 +16,11 @@ READY_LINE = "engine ready"
 
 
 def stack_queues() -> list[str]:
-    """The broker queues the stack's workers consume (one per model where the registry names them, else
-    the tiers' queues)."""
+    """The broker queues the stack's workers consume: one per model the tiers name."""
     from billing.models import Tier
+    from inference.registry import queue_for
 
-    try:
-        from inference.registry import queue_for
-    except ImportError:
-        queue_for = None
-    if queue_for is not None:
-        return sorted({queue_for(name) for name in Tier.objects.values_list("model_name", flat=True)})
-    return sorted(set(Tier.objects.values_list("queue_name", flat=True)))
+    return sorted({queue_for(name) for name in Tier.objects.values_list("model_name", flat=True)})
 
 
 def database_url() -> str:
