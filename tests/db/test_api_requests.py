@@ -165,7 +165,7 @@ def test_too_many_generations_is_429_with_retry_after(client, key, alice, redis_
 
 
 def test_overload_is_503_with_retry_after(client, key, redis_clean, settings):
-    settings.ADMISSION_MAX_QUEUED = 0
+    settings.ADMISSION_HARD_CAP_WAIT_S = -1  # any expected wait is over the hard cap: everyone is refused
     response = post(client, key, {"model": MODEL, "messages": HELLO})
     assert response.status_code == 503
     assert error_of(response)["code"] == "busy" and int(response["Retry-After"]) >= 1
@@ -293,7 +293,7 @@ def test_openapi_document_is_published(client):
 
 
 def test_transaction_rolls_back_completion_when_admission_refuses(alice, settings):
-    settings.ADMISSION_MAX_QUEUED = 0
+    settings.ADMISSION_HARD_CAP_WAIT_S = -1  # any expected wait is over the hard cap: everyone is refused
     with pytest.raises(AdmissionRefused), transaction.atomic():
         completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
     assert not Conversation.objects.exists()

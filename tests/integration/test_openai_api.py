@@ -188,7 +188,7 @@ def test_error_rows_with_the_official_client(api, carol, make_user):
     assert headers["x-ratelimit-reset-requests"].endswith("s")
     Tier.objects.filter(name="paid").update(requests_per_minute=60)
 
-    # Overload: the model already has ADMISSION_MAX_QUEUED (256) replies of other users queued.
+    # Overload: 256 paid replies of another user are queued ahead, far beyond the hard cap on expected wait.
     dave = make_user("dave", tier="paid")
     conversation = Conversation.objects.create(owner=dave, title="backlog")
     Message.objects.bulk_create(
@@ -197,6 +197,7 @@ def test_error_rows_with_the_official_client(api, carol, make_user):
             for _ in range(256)
         ]
     )
+    time.sleep(1.5)  # the web process reads the load through a 1 s cache
     with pytest.raises(openai.InternalServerError) as exc:
         api.chat.completions.create(model=MODEL, messages=PROMPT)
     assert exc.value.status_code == 503 and exc.value.code == "busy"
