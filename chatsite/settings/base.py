@@ -76,7 +76,10 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+# 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
+# (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
+# task, which costs a millisecond against seconds of generation.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
