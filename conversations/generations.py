@@ -60,6 +60,16 @@ class ReplyTicket:
     duplicate: bool = False
 
 
+def _ticket(assistant: Message, *, user_message_id: int | None, admission: Admission) -> ReplyTicket:
+    """The ticket of a newly queued reply: its place in line and any routing notice for the user."""
+    return ReplyTicket(
+        message=assistant,
+        user_message_id=user_message_id,
+        position=queue_position(message=assistant),
+        notice=_notice(admission),
+    )
+
+
 def _notice(admission: Admission) -> str:
     if not admission.degraded:
         return ""
@@ -223,12 +233,7 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
         if existing is None:
             raise
         return existing
-    return ReplyTicket(
-        message=assistant,
-        user_message_id=user_message.id,
-        position=queue_position(message=assistant),
-        notice=_notice(admission),
-    )
+    return _ticket(assistant, user_message_id=user_message.id, admission=admission)
 
 
 def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
@@ -254,12 +259,7 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
             user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
         )
         assistant = _queue_reply(conversation=conversation, parent=parent, admission=admission)
-    return ReplyTicket(
-        message=assistant,
-        user_message_id=None,
-        position=queue_position(message=assistant),
-        notice=_notice(admission),
-    )
+    return _ticket(assistant, user_message_id=None, admission=admission)
 
 
 def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
@@ -284,12 +284,7 @@ def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
             conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
         )
         assistant = _queue_reply(conversation=conversation, parent=edited, admission=admission)
-    return ReplyTicket(
-        message=assistant,
-        user_message_id=edited.id,
-        position=queue_position(message=assistant),
-        notice=_notice(admission),
-    )
+    return _ticket(assistant, user_message_id=edited.id, admission=admission)
 
 
 def reply_continue(*, user, message_id: int) -> ReplyTicket:
@@ -311,12 +306,7 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
         )
         assistant = _queue_reply(conversation=conversation, parent=cut, admission=admission)
-    return ReplyTicket(
-        message=assistant,
-        user_message_id=None,
-        position=queue_position(message=assistant),
-        notice=_notice(admission),
-    )
+    return _ticket(assistant, user_message_id=None, admission=admission)
 
 
 def reply_cancel(*, user, message_id: int) -> Message:
