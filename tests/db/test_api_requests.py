@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 
 from api.services import api_key_create
-from billing.models import Tier, UsageRecord
-from billing.services import usage_record_create
+from billing.models import DailyQuota, Tier, UsageRecord
+from billing.quota import quota_day
 from conversations import generations
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_cancel, completion_request
@@ -17,6 +17,13 @@ from conversations.models import Conversation, Message
 from inference.adapter import sampling_for
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def short_completion_timeout(settings):
+    """No worker runs in this layer: a request admitted by mistake must fail fast, not after 10 minutes."""
+    settings.API_COMPLETION_TIMEOUT_S = 15
+
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "hi"}]
@@ -150,7 +157,7 @@ def test_rate_limit_is_429_with_retry_after_and_ratelimit_headers(client, key, a
 
 
 def test_quota_used_up_is_429_insufficient_quota_not_retryable(client, key, alice, redis_clean):
-    usage_record_create(user=alice, message=None, model_name=MODEL, prompt_tokens=50_000, completion_tokens=1)
+    DailyQuota.objects.create(user=alice, day=quota_day(), used_tokens=alice.tier.tokens_per_day)
     response = post(client, key, {"model": MODEL, "messages": HELLO})
     assert response.status_code == 429
     assert error_of(response)["code"] == "insufficient_quota" and response["x-should-retry"] == "false"

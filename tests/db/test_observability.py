@@ -46,6 +46,7 @@ def test_healthz_answers_without_touching_anything(client):
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
+@pytest.mark.real_fleet  # no published idle worker: this test publishes its own
 def test_readyz_names_the_missing_worker_then_is_ready(client, redis_clean, monkeypatch):
     monkeypatch.setitem(
         health.CHECKS, "broker", lambda: None
