@@ -25,7 +25,8 @@ WORDS_PER_TOKEN = 0.75
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(model_name: str):
-    path = Path(settings.MODEL_CACHE_DIR) / model_name / "tokenizer.json"
+    weights = settings.INFERENCE_MODELS.get(model_name, {}).get("alias_of") or model_name
+    path = Path(settings.MODEL_CACHE_DIR) / weights / "tokenizer.json"
     if not path.exists():
         return None
     from tokenizers import Tokenizer

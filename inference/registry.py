@@ -9,8 +9,8 @@ from inference.engine import EngineConfig, ModelSpec, UnknownModel
 
 
 def model_spec(name: str | None = None) -> ModelSpec:
-    """The :class:`ModelSpec` registered under ``name`` (default: ``INFERENCE_DEFAULT_MODEL``).
-    Raises :class:`UnknownModel` for a name not in ``INFERENCE_MODELS``."""
+    """The :class:`ModelSpec` registered under ``name`` (default: ``INFERENCE_DEFAULT_MODEL``); for an alias
+    (``INFERENCE_MODEL_ALIASES``) its target's spec, so the weights are prepared and loaded once. Raises :class:`UnknownModel` for a name not in ``INFERENCE_MODELS``."""
     name = name or settings.INFERENCE_DEFAULT_MODEL
     try:
         entry = settings.INFERENCE_MODELS[name]
@@ -18,6 +18,9 @@ def model_spec(name: str | None = None) -> ModelSpec:
         raise UnknownModel(
             f"unknown model {name!r}; known: {', '.join(sorted(settings.INFERENCE_MODELS))}"
         ) from exc
+    if entry.get("alias_of"):
+        # An alias loads its target's prepared copy (cache_dir/<target>/): same weights, one conversion.
+        return model_spec(entry["alias_of"])
     return ModelSpec(
         name=name,
         source=entry["source"],

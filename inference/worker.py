@@ -218,10 +218,10 @@ def get_host(*, queues: list[str] | None = None) -> WorkerHost:
     with _host_lock:
         if _host is None:
             started = time.monotonic()
-            spec = model_spec()
-            engine = LLMEngine.from_spec(spec, engine_config(), settings.MODEL_CACHE_DIR)
+            name = settings.INFERENCE_DEFAULT_MODEL  # announced as served, an alias included
+            engine = LLMEngine.from_spec(model_spec(name), engine_config(), settings.MODEL_CACHE_DIR)
             _host = WorkerHost(
-                engine, model_name=spec.name, model_version=model_version(spec.name), queues=queues or []
+                engine, model_name=name, model_version=model_version(name), queues=queues or []
             ).start()
             logger.info("engine ready in %.1f s", time.monotonic() - started)
             # For `make run`: the last start-up line a newcomer needs.

@@ -149,6 +149,17 @@ INFERENCE_MODELS = {
         "version": env("SMOLLM2_VERSION", default=""),
     },
 }
+# Aliases: more names for registered weights, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct"
+# (an OpenAI client's default model name, or a tier's own name for a model). Each alias is a model of its
+# own to routing, admission and billing (its own queue; a worker started with INFERENCE_DEFAULT_MODEL=<alias>
+# serves and announces it) while loading the target's prepared weights.
+INFERENCE_MODEL_ALIASES = env.dict("INFERENCE_MODEL_ALIASES", default={})
+for _alias, _target in INFERENCE_MODEL_ALIASES.items():
+    if _target not in INFERENCE_MODELS:
+        raise environ.ImproperlyConfigured(
+            f"INFERENCE_MODEL_ALIASES: {_alias}={_target} names no registered model"
+        )
+    INFERENCE_MODELS[_alias] = {**INFERENCE_MODELS[_target], "alias_of": _target}
 # One durable priority queue per registered model; producers and workers declare it identically.
 CELERY_TASK_QUEUES = [
     Queue(

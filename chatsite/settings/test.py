@@ -1,7 +1,16 @@
 """Test settings: real PostgreSQL and Redis (a separate Redis database), fast password hashing."""
 
-from .base import *  # noqa: F401,F403
-from .base import CHANNEL_LAYERS, DATABASES, env
+import os
+
+# Model names of the fault drills' own (tests/integration/test_drills.py): aliases of the default weights, each
+# with a queue that only a drill's workers consume, so the shared test worker never serves their replies.
+os.environ.setdefault(
+    "INFERENCE_MODEL_ALIASES",
+    ",".join(f"{name}=smollm2-135m-instruct" for name in ("killdrill", "dbdrill", "redisdrill", "loaddrill")),
+)
+
+from .base import *  # noqa: E402,F401,F403
+from .base import CHANNEL_LAYERS, DATABASES, env  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,8 +1,9 @@
 """Fault drills as tests over real processes: daphne, Celery workers with the real model, PostgreSQL,
 Redis, RabbitMQ (``conversations/drills``; ``manage.py drills`` runs more trials of the same code).
 
-Each drill's replies go to a model name of its own, whose broker queue only the drill's workers consume, so
-the session's shared worker never serves (or hides) them; the engine serves the default weights anyway.
+Each drill's replies go to a model name of its own (an alias of the default weights registered in the test
+settings), whose broker queue only the drill's workers consume and announce, so the session's shared worker
+never serves (or hides) them.
 """
 
 import asyncio
@@ -35,17 +36,12 @@ def purge_queue(name: str) -> None:
     from celery import current_app
     from kombu import Queue
 
+    from inference.registry import queue_options
+
     with current_app.connection_for_write() as conn:
-        bound = Queue(name)(conn.default_channel)
+        bound = Queue(name, **queue_options(name))(conn.default_channel)
         bound.declare()
         bound.purge()
-
-
-AFTER_ISSUE_8 = pytest.mark.xfail(
-    reason="issue 8's admission refuses models no live worker announces (no_workers); the drills route to "
-    "private model names that daphne does not know: re-route them through registered aliases (open, issue 7)",
-    strict=False,
-)
 
 
 @pytest.fixture
@@ -68,7 +64,12 @@ def drill_workers(prepared_model, tmp_path):
     started = []
 
     def start(name, queue, **extra_env):
-        worker = DrillWorker(name, tmp_path, queues=[queue], extra_env=extra_env)
+        # The worker serves and announces the drill's model (an alias of the default weights, test settings),
+        # so admission control sees it live.
+        model = queue.removeprefix("inference.")
+        worker = DrillWorker(
+            name, tmp_path, queues=[queue], extra_env={"INFERENCE_DEFAULT_MODEL": model, **extra_env}
+        )
         started.append(worker)
         worker.wait_ready()
         return worker
@@ -92,7 +93,6 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 @pytest.mark.asyncio
-@AFTER_ISSUE_8
 async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
     live_server_url, private_model, drill_workers, celery_worker
 ):
@@ -118,7 +118,6 @@ async def test_worker_sigkill_mid_stream_loses_and_strands_nothing(
     assert result.held, (result.failures, result.notes)
 
 
-@AFTER_ISSUE_8
 def test_postgresql_outage_answers_unavailable_and_keeps_the_reply(
     live_server_url, private_model, drill_workers
 ):
@@ -185,7 +184,6 @@ def private_redis():
 
 
 @pytest.mark.asyncio
-@AFTER_ISSUE_8
 async def test_redis_restart_mid_stream_recovers_without_restarting_anything(
     private_redis, private_model, drill_workers, tmp_path
 ):
