@@ -18,6 +18,7 @@ Example::
 
     python -m inference.bench.versus --rounds 3
     python -m inference.bench.versus --systems ours --workloads uniform32 --conditions quiet,busy
+    python -m inference.bench.versus --systems ours,ours@2048,vllm   # ours at two per-step token budgets
 """
 
 from __future__ import annotations
@@ -44,15 +45,19 @@ class Server:
     """A :mod:`.serve` process speaking JSON lines."""
 
     def __init__(self, system: str, model_dir: str, threads: int | None, python: str) -> None:
-        cmd = [python, "-m", "inference.bench.serve", "--system", system, "--model", model_dir]
+        # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own.
+        base, _, budget = system.partition("@")
+        cmd = [python, "-m", "inference.bench.serve", "--system", base, "--model", model_dir]
+        if budget:
+            cmd += ["--max-batch-tokens", budget]
         if threads:
             cmd += ["--threads", str(threads)]
         env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        if system == "vllm":
+        if base == "vllm":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all" if not threads else f"0-{threads - 1}")
         self.system = system
-        self.log = open(os.path.join(ROOT, "bench-results", f"serve-{system}.log"), "w")  # noqa: SIM115
+        self.log = open(os.path.join(ROOT, "bench-results", f"serve-{system.replace('@', '-')}.log"), "w")  # noqa: SIM115
         t = time.perf_counter()
         self.proc = subprocess.Popen(
             cmd,
@@ -171,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
     threads = args.threads or None
     for s in systems:
-        python = VLLM_PYTHON if s == "vllm" else sys.executable
-        if s == "vllm" and not os.path.exists(python):
+        python = VLLM_PYTHON if s.startswith("vllm") else sys.executable
+        if s.startswith("vllm") and not os.path.exists(python):
             raise SystemExit("vLLM is not installed: run scripts/install_vllm.sh (makes .venv-vllm)")
         servers[s] = Server(s, model_dir, threads, python)
         print(f"# {s} ready in {servers[s].startup_s} s", file=sys.stderr, flush=True)
@@ -258,38 +263,40 @@ def report(
                     f"| {_med(get(s, w, c, 'ttft_ms_p99'))} | {_med(get(s, w, c, 'itl_ms_p50'))} "
                     f"| {_med(get(s, w, c, 'itl_ms_p99'))} | {_med(rss(s, w, c))} |"
                 )
-    if "ours" in systems and "vllm" in systems:
+    ours_like = [s for s in systems if s != "vllm"]
+    if ours_like and "vllm" in systems:
         lines += [
             "",
-            "| workload | condition | ours ÷ vLLM tok/s | vLLM p99 TTFT ÷ ours |",
-            "|---|---|---|---|",
+            "| workload | condition | system | ÷ vLLM tok/s | vLLM p99 TTFT ÷ its |",
+            "|---|---|---|---|---|",
         ]
         for w in workloads:
             for c in conditions:
-                tput, ttft = [], []
-                for rnd in range(rounds):
-                    pick = {
-                        x["system"]: x["summary"]
-                        for x in cells
-                        if (x["round"], x["workload"], x["condition"]) == (rnd, w, c) and "summary" in x
-                    }
-                    if "ours" in pick and "vllm" in pick:
-                        tput.append(pick["ours"]["output_tok_s"] / pick["vllm"]["output_tok_s"])
-                        ttft.append(pick["vllm"]["ttft_ms_p99"] / pick["ours"]["ttft_ms_p99"])
-                lines.append(f"| {w} | {c} | {_med2(tput)} | {_med2(ttft)} |")
+                for o in ours_like:
+                    tput, ttft = [], []
+                    for rnd in range(rounds):
+                        pick = {
+                            x["system"]: x["summary"]
+                            for x in cells
+                            if (x["round"], x["workload"], x["condition"]) == (rnd, w, c) and "summary" in x
+                        }
+                        if o in pick and "vllm" in pick:
+                            tput.append(pick[o]["output_tok_s"] / pick["vllm"]["output_tok_s"])
+                            ttft.append(pick["vllm"]["ttft_ms_p99"] / pick[o]["ttft_ms_p99"])
+                    lines.append(f"| {w} | {c} | {o} | {_med2(tput)} | {_med2(ttft)} |")
         if "quiet" in conditions and "busy" in conditions:
             lines += [
                 "",
-                "| workload | busy ÷ quiet tok/s, ours | busy ÷ quiet tok/s, vLLM |",
-                "|---|---|---|",
+                "| workload | " + " | ".join(f"busy ÷ quiet tok/s, {s}" for s in systems) + " |",
+                "|---|" + "---|" * len(systems),
             ]
             for w in workloads:
                 keep = []
-                for s in ("ours", "vllm"):
+                for s in systems:
                     q = get(s, w, "quiet", "output_tok_s")
                     b = get(s, w, "busy", "output_tok_s")
                     keep.append(_med2([bb / qq for qq, bb in zip(q, b, strict=False) if qq]))
-                lines.append(f"| {w} | {keep[0]} | {keep[1]} |")
+                lines.append(f"| {w} | " + " | ".join(keep) + " |")
     return "\n".join(lines)
 
 
