@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from conversations.drills.processes import DrillWorker, child_env
+
 ROOT = Path(__file__).resolve().parents[1]
-WORKER_READY_LINE = "engine ready"
 
 
 @pytest.fixture(scope="session")
@@ -25,97 +26,33 @@ def prepared_model():
     return prepare_model(model_spec(), settings.MODEL_CACHE_DIR)
 
 
-def stack_env(db_name: str) -> dict[str, str]:
+#: What a child process of the test stack needs on top of this process's environment.
+TEST_CHILD_ENV = {"DJANGO_SETTINGS_MODULE": "chatsite.settings.test", "HF_HUB_OFFLINE": "1"}
+
+
+def stack_env() -> dict[str, str]:
     """Environment for a child process of the stack: test settings, pointed at the test database."""
-    env = dict(os.environ)
-    db = settings.DATABASES["default"]
-    env.update(
-        DJANGO_SETTINGS_MODULE="chatsite.settings.test",
-        DATABASE_URL=f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-class WorkerProcess:
-    """A ``celery worker`` subprocess; ``kill()`` sends SIGKILL as a crash would."""
-
-    def __init__(self, log_path: Path, db_name: str, name: str, queues: str, extra_env: dict | None = None):
-        env = {**stack_env(db_name), **(extra_env or {})}
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "chatsite",
-                "worker",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "8",
-                "--prefetch-multiplier",
-                "1",
-                "-Q",
-                queues,
-                "-n",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"worker exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}"
-                )
-            if WORKER_READY_LINE in self.log_path.read_text():
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"worker not ready after {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
+    return child_env(**TEST_CHILD_ENV)
 
 
 @pytest.fixture(scope="session")
 def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
-    """``worker_factory(name, queues, env=None)`` -> a ready :class:`WorkerProcess` (``env``: extra environment
-    variables); all are stopped at session end."""
+    """``worker_factory(name, queues, env=None)`` -> a ready
+    :class:`~conversations.drills.processes.DrillWorker` (``queues``: comma-separated; ``env``: extra
+    environment variables); all are stopped at session end."""
     started = []
 
     def start(
         name: str = "itest",
         queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}",
         env: dict | None = None,
-    ) -> WorkerProcess:
-        log = tmp_path_factory.mktemp("worker") / f"{name}.log"
-        worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues, env)
+    ) -> DrillWorker:
+        worker = DrillWorker(
+            name,
+            tmp_path_factory.mktemp("worker"),
+            queues=queues.split(","),
+            extra_env={**TEST_CHILD_ENV, **(env or {})},
+        )
         started.append(worker)
         worker.wait_ready()
         return worker
@@ -146,7 +83,7 @@ def live_server_url(django_db_setup, tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         cwd=ROOT,
-        env=stack_env(settings.DATABASES["default"]["NAME"]),
+        env=stack_env(),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

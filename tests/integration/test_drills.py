@@ -192,7 +192,7 @@ async def test_redis_restart_mid_stream_recovers_without_restarting_anything(
     queue = await sync_to_async(private_model)("redisdrill")
     await asyncio.to_thread(drill_workers, "redis-1", queue, TEST_REDIS_URL=redis_url)
     web_port = free_port()
-    env = dict(stack_env(settings.DATABASES["default"]["NAME"]), TEST_REDIS_URL=redis_url)
+    env = dict(stack_env(), TEST_REDIS_URL=redis_url)
     log = open(tmp_path / "daphne.log", "w")
     daphne = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "chatsite.asgi:application"],
