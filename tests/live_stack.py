@@ -1,6 +1,7 @@
 """Live-stack fixtures for the integration and browser layers: real Celery worker processes (``--pool threads``)
 hosting the real default model, and a real daphne server, against the test PostgreSQL and Redis databases."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -74,30 +75,129 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def live_server_url(django_db_setup, tmp_path_factory):
-    """A real daphne process serving ``chatsite.asgi`` on a free port; yields its base URL."""
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; raises RuntimeError if ``proc`` exited first,
+    TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on {port}")
+
+
+@contextlib.contextmanager
+def daphne_server(log_path: Path, **extra_env: str):
+    """A daphne process serving ``chatsite.asgi`` on a free port, with the stack's environment and
+    ``extra_env``; yields its base URL, SIGTERMs it on exit."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         cwd=ROOT,
-        env=stack_env(),
+        env={**stack_env(), **extra_env},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited:\n{log_path.read_text()[-3000:]}")
+    try:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(20)
-    log.close()
+            wait_port(port, proc)
+        except RuntimeError as exc:
+            raise RuntimeError(f"daphne exited:\n{log_path.read_text()[-3000:]}") from exc
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def live_server_url(django_db_setup, tmp_path_factory):
+    """A real daphne process serving ``chatsite.asgi`` on a free port; yields its base URL."""
+    with daphne_server(tmp_path_factory.mktemp("daphne") / "daphne.log") as url:
+        yield url
+
+
+def purge_queue(name: str) -> None:
+    """Drop messages an earlier run left in a broker queue (their ids would name this run's rows)."""
+    from celery import current_app
+    from kombu import Queue
+
+    from inference.registry import queue_options
+
+    with current_app.connection_for_write() as conn:
+        bound = Queue(name, **queue_options(name))(conn.default_channel)
+        bound.declare()
+        bound.purge()
+
+
+@pytest.fixture
+def private_model(make_user, redis_clean):
+    """``private_model(name)`` -> its queue: routes every tier's replies to ``name`` (a model alias of the
+    default weights, test settings), whose broker queue only this test's workers consume, emptied first."""
+    from django.db import close_old_connections
+
+    from billing.models import Tier
+
+    def route(name: str) -> str:
+        close_old_connections()  # a database drill may have ended this thread's session
+        make_user("drill-owner")  # tiers exist
+        Tier.objects.update(model_name=name)
+        purge_queue(f"inference.{name}")
+        return f"inference.{name}"
+
+    return route
+
+
+@pytest.fixture
+def drill_workers(prepared_model, tmp_path):
+    """``drill_workers(name, queue, **env)`` -> a ready worker consuming only ``queue``, serving and
+    announcing its model (an alias of the default weights), so admission control sees it live; stopped at
+    the end of the test."""
+    started = []
+
+    def start(name, queue, **extra_env):
+        model = queue.removeprefix("inference.")
+        worker = DrillWorker(
+            name,
+            tmp_path,
+            queues=[queue],
+            extra_env={**TEST_CHILD_ENV, "INFERENCE_DEFAULT_MODEL": model, **extra_env},
+        )
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def private_redis():
+    """A Redis server of this test's own (the machine's Redis is shared), restartable with data loss:
+    yields ``(port, restart)``; ``restart()`` kills it, waits 1 s and starts it again, empty."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    state = {}
+
+    def start():
+        state["proc"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_port(port, state["proc"])
+
+    def restart():
+        state["proc"].kill()
+        state["proc"].wait(10)
+        time.sleep(1.0)  # clients see the outage, not just a blip
+        start()
+
+    start()
+    yield port, restart
+    state["proc"].kill()
+    state["proc"].wait(10)
