@@ -1,6 +1,7 @@
 """A WebSocket opened while PostgreSQL is unreachable (real database, cut the way the ``db_outage`` drill
-cuts it): the handshake succeeds, the socket gets an ``unavailable`` error frame and closes with 1013 (try
-again later), and a socket opened once the database is back works as usual."""
+cuts it) or while the channel layer's Redis is: the handshake succeeds, the socket gets an ``unavailable``
+error frame and closes with 1013 (try again later), and a socket opened once the database is back works as
+usual."""
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -13,6 +14,7 @@ from chatsite.asgi import application
 from conversations.consumers import CLOSE_TRY_AGAIN_LATER
 from conversations.drills.faults import database_cut, database_restore
 from tests.db.test_consumer_hardening import cookie_for
+from tests.live_stack import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -69,3 +71,18 @@ async def test_socket_opened_during_a_database_outage_is_told_unavailable_and_to
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "after the outage"})
     assert (await ws.receive_json_from(timeout=10))["type"] == "queued"
     await ws.disconnect()
+
+
+async def test_socket_opened_while_the_channel_layers_redis_is_down_is_told_to_try_again_later(
+    alice, redis_clean, settings
+):
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    layer = {**settings.CHANNEL_LAYERS["default"]}
+    layer["CONFIG"] = {**layer["CONFIG"], "hosts": [f"redis://127.0.0.1:{free_port()}/0"]}  # nothing listens
+    settings.CHANNEL_LAYERS = {"default": layer}
+    ws = communicator(cookie)
+    connected, _ = await ws.connect(timeout=10)
+    assert connected
+    frame = await ws.receive_json_from(timeout=10)
+    assert (frame["type"], frame["code"]) == ("error", "unavailable")
+    assert await ws.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER}
