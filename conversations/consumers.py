@@ -5,7 +5,8 @@ the socket, so closing the tab loses nothing and ``resume`` picks the stream up 
 
 Every frame is answered: limits (size, nesting, rate) and validation come before any service call, a
 frame from a socket whose session ended closes it (4401), and an outage of PostgreSQL or Redis answers
-``unavailable`` instead of dropping the socket (``docs/websocket-protocol.md``).
+``unavailable`` instead of dropping the socket; a socket opened during such an outage is answered
+``unavailable`` and closed with 1013, try again later (``docs/websocket-protocol.md``).
 """
 
 import logging
@@ -20,6 +21,7 @@ from django.db import DatabaseError
 from django.http import Http404
 from pydantic import ValidationError
 
+from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
 from conversations import admission, broadcast, generations, load
 from conversations.admission import AdmissionRefused
@@ -41,6 +43,8 @@ from observability.logs import log_context, new_request_id
 logger = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
+#: RFC 6455 / IANA "Try Again Later": a backing service is down; the page reconnects with back-off.
+CLOSE_TRY_AGAIN_LATER = 1013
 #: Errors meaning a backing service (PostgreSQL, Redis) is unreachable, answered ``unavailable``.
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
@@ -85,6 +89,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
+        if self.scope.get(AUTH_UNAVAILABLE):  # PostgreSQL is down: the session could not be read
+            await self.close_unavailable()
+            return
         if self.user is None or not self.user.is_authenticated:
             self.ended = True
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -92,8 +99,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         session = self.scope.get("session")
         self.session_key = getattr(session, "session_key", None)
         self.session_fp = session_fingerprint(self.session_key)
+        try:
+            await self.channel_layer.group_add(broadcast.user_group(self.user.pk), self.channel_name)
+        except OUTAGE_ERRORS:  # Redis is down
+            logger.warning("could not join the user's channel-layer group", exc_info=True)
+            await self.close_unavailable()
+            return
         self.user_group = broadcast.user_group(self.user.pk)
-        await self.channel_layer.group_add(self.user_group, self.channel_name)
+
+    async def close_unavailable(self):
+        """Answer ``unavailable`` and close with 1013 (try again later); later frames are ignored."""
+        self.ended = True
+        await self.send_error(
+            "unavailable",
+            "The service is briefly unavailable. Reconnecting in a few seconds.",
+            retry_after=settings.ADMISSION_RETRY_AFTER_S,
+        )
+        await self.close(code=CLOSE_TRY_AGAIN_LATER)
 
     async def disconnect(self, code):
         if getattr(self, "counted_open", False):

@@ -5,7 +5,15 @@ import pytest
 # The live-stack fixtures are defined once for the whole session: imported into both the integration and
 # the browser conftest, the session-scoped worker would start twice under one name, and RabbitMQ refuses
 # the second one's exclusive pidbox queue (RESOURCE_LOCKED).
-from tests.live_stack import celery_worker, live_server_url, prepared_model, worker_factory  # noqa: F401
+from tests.live_stack import (  # noqa: F401
+    celery_worker,
+    drill_workers,
+    live_server_url,
+    prepared_model,
+    private_model,
+    private_redis,
+    worker_factory,
+)
 
 
 @pytest.fixture

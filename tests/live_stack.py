@@ -1,6 +1,7 @@
 """Live-stack fixtures for the integration and browser layers: real Celery worker processes (``--pool threads``)
 hosting the real default model, and a real daphne server, against the test PostgreSQL and Redis databases."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from conversations.drills.processes import DrillWorker, child_env
+
 ROOT = Path(__file__).resolve().parents[1]
-WORKER_READY_LINE = "engine ready"
 
 
 @pytest.fixture(scope="session")
@@ -25,97 +27,33 @@ def prepared_model():
     return prepare_model(model_spec(), settings.MODEL_CACHE_DIR)
 
 
-def stack_env(db_name: str) -> dict[str, str]:
+#: What a child process of the test stack needs on top of this process's environment.
+TEST_CHILD_ENV = {"DJANGO_SETTINGS_MODULE": "chatsite.settings.test", "HF_HUB_OFFLINE": "1"}
+
+
+def stack_env() -> dict[str, str]:
     """Environment for a child process of the stack: test settings, pointed at the test database."""
-    env = dict(os.environ)
-    db = settings.DATABASES["default"]
-    env.update(
-        DJANGO_SETTINGS_MODULE="chatsite.settings.test",
-        DATABASE_URL=f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db_name}",
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-class WorkerProcess:
-    """A ``celery worker`` subprocess; ``kill()`` sends SIGKILL as a crash would."""
-
-    def __init__(self, log_path: Path, db_name: str, name: str, queues: str, extra_env: dict | None = None):
-        env = {**stack_env(db_name), **(extra_env or {})}
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "chatsite",
-                "worker",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "8",
-                "--prefetch-multiplier",
-                "1",
-                "-Q",
-                queues,
-                "-n",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"worker exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}"
-                )
-            if WORKER_READY_LINE in self.log_path.read_text():
-                return
-            time.sleep(0.3)
-        raise TimeoutError(f"worker not ready after {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
+    return child_env(**TEST_CHILD_ENV)
 
 
 @pytest.fixture(scope="session")
 def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
-    """``worker_factory(name, queues, env=None)`` -> a ready :class:`WorkerProcess` (``env``: extra environment
-    variables); all are stopped at session end."""
+    """``worker_factory(name, queues, env=None)`` -> a ready
+    :class:`~conversations.drills.processes.DrillWorker` (``queues``: comma-separated; ``env``: extra
+    environment variables); all are stopped at session end."""
     started = []
 
     def start(
         name: str = "itest",
         queues: str = f"inference.{settings.INFERENCE_DEFAULT_MODEL}",
         env: dict | None = None,
-    ) -> WorkerProcess:
-        log = tmp_path_factory.mktemp("worker") / f"{name}.log"
-        worker = WorkerProcess(log, settings.DATABASES["default"]["NAME"], name, queues, env)
+    ) -> DrillWorker:
+        worker = DrillWorker(
+            name,
+            tmp_path_factory.mktemp("worker"),
+            queues=queues.split(","),
+            extra_env={**TEST_CHILD_ENV, **(env or {})},
+        )
         started.append(worker)
         worker.wait_ready()
         return worker
@@ -137,30 +75,129 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def live_server_url(django_db_setup, tmp_path_factory):
-    """A real daphne process serving ``chatsite.asgi`` on a free port; yields its base URL."""
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; raises RuntimeError if ``proc`` exited first,
+    TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on {port}")
+
+
+@contextlib.contextmanager
+def daphne_server(log_path: Path, **extra_env: str):
+    """A daphne process serving ``chatsite.asgi`` on a free port, with the stack's environment and
+    ``extra_env``; yields its base URL, SIGTERMs it on exit."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("daphne") / "daphne.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         cwd=ROOT,
-        env=stack_env(settings.DATABASES["default"]["NAME"]),
+        env={**stack_env(), **extra_env},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited:\n{log_path.read_text()[-3000:]}")
+    try:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(20)
-    log.close()
+            wait_port(port, proc)
+        except RuntimeError as exc:
+            raise RuntimeError(f"daphne exited:\n{log_path.read_text()[-3000:]}") from exc
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def live_server_url(django_db_setup, tmp_path_factory):
+    """A real daphne process serving ``chatsite.asgi`` on a free port; yields its base URL."""
+    with daphne_server(tmp_path_factory.mktemp("daphne") / "daphne.log") as url:
+        yield url
+
+
+def purge_queue(name: str) -> None:
+    """Drop messages an earlier run left in a broker queue (their ids would name this run's rows)."""
+    from celery import current_app
+    from kombu import Queue
+
+    from inference.registry import queue_options
+
+    with current_app.connection_for_write() as conn:
+        bound = Queue(name, **queue_options(name))(conn.default_channel)
+        bound.declare()
+        bound.purge()
+
+
+@pytest.fixture
+def private_model(make_user, redis_clean):
+    """``private_model(name)`` -> its queue: routes every tier's replies to ``name`` (a model alias of the
+    default weights, test settings), whose broker queue only this test's workers consume, emptied first."""
+    from django.db import close_old_connections
+
+    from billing.models import Tier
+
+    def route(name: str) -> str:
+        close_old_connections()  # a database drill may have ended this thread's session
+        make_user("drill-owner")  # tiers exist
+        Tier.objects.update(model_name=name)
+        purge_queue(f"inference.{name}")
+        return f"inference.{name}"
+
+    return route
+
+
+@pytest.fixture
+def drill_workers(prepared_model, tmp_path):
+    """``drill_workers(name, queue, **env)`` -> a ready worker consuming only ``queue``, serving and
+    announcing its model (an alias of the default weights), so admission control sees it live; stopped at
+    the end of the test."""
+    started = []
+
+    def start(name, queue, **extra_env):
+        model = queue.removeprefix("inference.")
+        worker = DrillWorker(
+            name,
+            tmp_path,
+            queues=[queue],
+            extra_env={**TEST_CHILD_ENV, "INFERENCE_DEFAULT_MODEL": model, **extra_env},
+        )
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def private_redis():
+    """A Redis server of this test's own (the machine's Redis is shared), restartable with data loss:
+    yields ``(port, restart)``; ``restart()`` kills it, waits 1 s and starts it again, empty."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    state = {}
+
+    def start():
+        state["proc"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_port(port, state["proc"])
+
+    def restart():
+        state["proc"].kill()
+        state["proc"].wait(10)
+        time.sleep(1.0)  # clients see the outage, not just a blip
+        start()
+
+    start()
+    yield port, restart
+    state["proc"].kill()
+    state["proc"].wait(10)

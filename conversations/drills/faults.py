@@ -292,6 +292,7 @@ async def bad_input(*, url: str, origin: str, trials: int = 1) -> DrillResult:
             own_reply=mine["message_id"],
             foreign_conversation=foreign["conversation_id"],
             foreign_reply=foreign["message_id"],
+            foreign_user_message=foreign["user_message_id"],
         ):
             result.trials += 1
             await me.send(text)

@@ -26,6 +26,7 @@
     retryTimer: null,
     active: null,  // reply being generated: {id, el, text, lastSeq, resyncing, stopping}
     pending: null, // frame not yet answered by `queued`: {frame, text, userEl, transmitted, stopRequested, attempts}
+    unavailableBanner: false, // the banner shows an `unavailable` error: hidden when the socket opens again
   };
   const busy = () => Boolean(state.active || state.pending);
   const csrf = () => $('input[name="csrfmiddlewaretoken"]', app)?.value || '';
@@ -47,7 +48,10 @@
     els.queue.dataset.state = text ? kind : '';
     els.queueCancel.hidden = !cancellable;
   }
-  const CONN_TEXT = { connecting: 'Connecting…', reconnecting: 'Reconnecting…', open: 'Connected', closed: 'Signed out — reload the page' };
+  const CONN_TEXT = {
+    connecting: 'Connecting…', reconnecting: 'Reconnecting…', unavailable: 'Briefly unavailable — reconnecting…',
+    open: 'Connected', closed: 'Signed out — reload the page',
+  };
   function setConn(st) { els.conn.dataset.state = st; els.conn.textContent = CONN_TEXT[st]; }
 
   // ---------- Messages ----------
@@ -299,6 +303,7 @@
       }
       if (state.active?.stopping) { state.active.stopping = false; refreshControls(); }
       showBanner(m.message || `Error: ${m.code}`);
+      state.unavailableBanner = m.code === 'unavailable'; // a later successful open takes it down
     },
     conversation(m) { // tab sync: another tab (or this one) changed a conversation of this user
       if (m.kind === 'renamed') { sidebar.setTitle(m.conversation_id, m.title); return; }
@@ -331,6 +336,7 @@
     status: setConn,
     frame: (m) => { if (Object.hasOwn(handlers, m.type)) handlers[m.type](m); },
     open() {
+      if (state.unavailableBanner) { hideBanner(); state.unavailableBanner = false; }
       const a = state.active;
       if (a) {
         if (a.lastSeq < 0) a.text = ''; // replay from the start replaces what the page showed

@@ -1,5 +1,6 @@
 /* chatsite chat page: the WebSocket (protocol: docs/websocket-protocol.md). Reconnects with exponential
- * back-off (1, 2, 4 ... 15 s), stops on 4401/4403 (signed out). Exposes window.Chat.Socket. */
+ * back-off (1, 2, 4 ... 15 s), stops on 4401/4403 (signed out); 1013 (try again later: the server is
+ * briefly unavailable) keeps backing off although the socket had opened. Exposes window.Chat.Socket. */
 (() => {
   'use strict';
   const Chat = (window.Chat = window.Chat || {});
@@ -32,6 +33,7 @@
       const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
       const ws = new WebSocket(`${scheme}://${location.host}${this.path}`);
       this.ws = ws;
+      const attempts = this.attempts;
       ws.addEventListener('open', () => {
         this.attempts = 0;
         this.handlers.status?.('open');
@@ -48,9 +50,11 @@
         const final = ev.code === 4401 || ev.code === 4403;
         this.handlers.close?.(ev, { final });
         if (final) { this.handlers.status?.('closed'); return; }
+        const unavailable = ev.code === 1013;
+        if (unavailable) this.attempts = Math.max(this.attempts, attempts); // opened, but refused for now
         const delay = Math.min(15, 2 ** this.attempts);
         this.attempts += 1;
-        this.handlers.status?.('reconnecting');
+        this.handlers.status?.(unavailable ? 'unavailable' : 'reconnecting');
         this.timer = setTimeout(() => this.connect(), delay * 1000);
       });
     }

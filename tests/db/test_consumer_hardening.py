@@ -1,9 +1,9 @@
-"""Bad input over the real consumer (real PostgreSQL, Redis channel layer): every frame class gets its
+"""Bad input over the real consumer (real PostgreSQL, Redis channel layer): every frame class of the
+hostile-frame table (``conversations.drills.hostile``, which the ``bad_input`` drill sends too) gets its
 documented answer, the socket stays usable and nothing stored changes; sessions that end close sockets;
 ``send`` with a ``client_id`` is idempotent."""
 
 import asyncio
-import json
 import time
 import uuid
 
@@ -16,11 +16,10 @@ from django.test import Client
 
 from chatsite.asgi import application
 from conversations import generations
+from conversations.drills.hostile import hostile_frames
 from conversations.models import Conversation, Message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-BIG = 2**63  # one past PostgreSQL's bigint
 
 
 def cookie_for(user) -> tuple[Client, str]:
@@ -67,77 +66,19 @@ def world(alice, bob):
     }
 
 
-def bad_frames(w):
-    """(label, raw text frame, expected error code)."""
-    send = lambda **kw: json.dumps({"type": "send", **kw})  # noqa: E731
-    return [
-        ("not json", "not json", "invalid_request"),
-        ("json array", "[1, 2]", "invalid_request"),
-        ("json scalar", "null", "invalid_request"),
-        ("empty object", "{}", "invalid_request"),
-        ("unknown type", '{"type": "dance"}', "invalid_request"),
-        ("type not a string", '{"type": 5}', "invalid_request"),
-        ("extra field", send(content="x", evil=1), "invalid_request"),
-        ("NUL in content", send(content="a\x00b"), "invalid_request"),
-        ("lone surrogate", '{"type": "send", "content": "\\ud800"}', "invalid_request"),
-        ("nested 100,000 levels", '{"a":' * 100_000 + "1" + "}" * 100_000, "invalid_request"),
-        ("nested 1,000 levels within the size limit", "[" * 1000 + "]" * 1000, "invalid_request"),
-        ("nested value inside a frame", send(content=[[["x"]]]), "invalid_request"),
-        ("frame over 64 KiB", send(content="x" * (70 * 1024)), "invalid_request"),
-        (
-            "content over MAX_MESSAGE_CHARS",
-            send(content="x" * (settings.MAX_MESSAGE_CHARS + 1)),
-            "invalid_request",
-        ),
-        ("whitespace content", send(content="   "), "invalid_request"),
-        ("content wrong type", send(content=5), "invalid_request"),
-        ("conversation id as string", send(conversation_id="1", content="x"), "invalid_request"),
-        ("client_id not a uuid", send(content="x", client_id="abc"), "invalid_request"),
-        ("stop id as string", '{"type": "stop", "message_id": "1"}', "invalid_request"),
-        ("resume id as float", '{"type": "resume", "message_id": 1.5}', "invalid_request"),
-        (
-            "resume after_seq -2",
-            json.dumps({"type": "resume", "message_id": w["alice_reply"], "after_seq": -2}),
-            "invalid_request",
-        ),
-        ("regenerate without id", '{"type": "regenerate"}', "invalid_request"),
-        ("negative message id", '{"type": "stop", "message_id": -1}', "invalid_request"),
-        ("zero conversation id", '{"type": "regenerate", "conversation_id": 0}', "invalid_request"),
-        ("huge message id", json.dumps({"type": "resume", "message_id": BIG}), "invalid_request"),
-        ("huge conversation id", send(conversation_id=10**30, content="x"), "invalid_request"),
-        ("largest bigint id, absent", json.dumps({"type": "stop", "message_id": BIG - 1}), "not_found"),
-        ("absent conversation", send(conversation_id=BIG - 1, content="x"), "not_found"),
-        (
-            "send to other user's conversation",
-            send(conversation_id=w["bob_conversation"], content="x"),
-            "not_found",
-        ),
-        (
-            "regenerate other user's conversation",
-            json.dumps({"type": "regenerate", "conversation_id": w["bob_conversation"]}),
-            "not_found",
-        ),
-        ("stop other user's reply", json.dumps({"type": "stop", "message_id": w["bob_reply"]}), "not_found"),
-        (
-            "resume other user's reply",
-            json.dumps({"type": "resume", "message_id": w["bob_reply"]}),
-            "not_found",
-        ),
-        (
-            "stop other user's user message",
-            json.dumps({"type": "stop", "message_id": w["bob_user_message"]}),
-            "not_found",
-        ),
-    ]
-
-
 async def test_every_bad_frame_gets_its_error_the_socket_stays_usable_and_nothing_changes(
     alice, world, redis_clean
 ):
     _, cookie = await sync_to_async(cookie_for)(alice)
     before = await database_sync_to_async(snapshot)()
     ws = await open_socket(cookie)
-    for label, text, code in bad_frames(world):
+    table = hostile_frames(
+        own_reply=world["alice_reply"],
+        foreign_conversation=world["bob_conversation"],
+        foreign_reply=world["bob_reply"],
+        foreign_user_message=world["bob_user_message"],
+    )
+    for label, text, code in table:
         await ws.send_to(text_data=text)
         answer = await ws.receive_json_from(timeout=5)
         assert (answer["type"], answer["code"]) == ("error", code), label

@@ -7,89 +7,20 @@ never serves (or hides) them.
 """
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 
-from billing.models import Tier
 from conversations.drills import faults
-from conversations.drills.processes import DrillWorker
-from tests.live_stack import ROOT, free_port, stack_env
+from tests.live_stack import daphne_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def ws_url(http_url: str) -> str:
     return http_url.replace("http://", "ws://") + "/ws/chat/"
-
-
-def purge_queue(name: str) -> None:
-    """Drop messages an earlier run left in a drill's broker queue (their ids would name this run's rows)."""
-    from celery import current_app
-    from kombu import Queue
-
-    from inference.registry import queue_options
-
-    with current_app.connection_for_write() as conn:
-        bound = Queue(name, **queue_options(name))(conn.default_channel)
-        bound.declare()
-        bound.purge()
-
-
-@pytest.fixture
-def private_model(make_user, redis_clean):
-    """Route the tiers' (and so the drill tier's) replies to a model name of this test's own, with an empty
-    queue and no replay streams left by earlier runs (ids restart with each test database)."""
-
-    def route(name: str) -> str:
-        close_old_connections()  # a database drill may have ended this thread's session
-        make_user("drill-owner")  # tiers exist
-        Tier.objects.update(model_name=name)
-        purge_queue(f"inference.{name}")
-        return f"inference.{name}"
-
-    return route
-
-
-@pytest.fixture
-def drill_workers(prepared_model, tmp_path):
-    started = []
-
-    def start(name, queue, **extra_env):
-        # The worker serves and announces the drill's model (an alias of the default weights, test settings),
-        # so admission control sees it live.
-        model = queue.removeprefix("inference.")
-        worker = DrillWorker(
-            name, tmp_path, queues=[queue], extra_env={"INFERENCE_DEFAULT_MODEL": model, **extra_env}
-        )
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"nothing listening on {port}")
 
 
 @pytest.mark.asyncio
@@ -160,29 +91,6 @@ async def test_transport_closes_oversized_and_non_utf8_frames_with_a_code(live_s
     assert await faults.close_code_after(url, live_server_url, cookies[0], b'{"type": "\xff"}') == 1007
 
 
-@pytest.fixture
-def private_redis():
-    """A Redis server of this test's own (the machine's Redis is shared), restartable with data loss."""
-    port = free_port()
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    state = {}
-
-    def start():
-        state["proc"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
-        wait_port(port, state["proc"])
-
-    def restart():
-        state["proc"].kill()
-        state["proc"].wait(10)
-        time.sleep(1.0)  # clients see the outage, not just a blip
-        start()
-
-    start()
-    yield port, restart
-    state["proc"].kill()
-    state["proc"].wait(10)
-
-
 @pytest.mark.asyncio
 async def test_redis_restart_mid_stream_recovers_without_restarting_anything(
     private_redis, private_model, drill_workers, tmp_path
@@ -191,20 +99,7 @@ async def test_redis_restart_mid_stream_recovers_without_restarting_anything(
     redis_url = f"redis://127.0.0.1:{port}/0"
     queue = await sync_to_async(private_model)("redisdrill")
     await asyncio.to_thread(drill_workers, "redis-1", queue, TEST_REDIS_URL=redis_url)
-    web_port = free_port()
-    env = dict(stack_env(settings.DATABASES["default"]["NAME"]), TEST_REDIS_URL=redis_url)
-    log = open(tmp_path / "daphne.log", "w")
-    daphne = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port), "chatsite.asgi:application"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        await asyncio.to_thread(wait_port, web_port, daphne)
-        base = f"http://127.0.0.1:{web_port}"
+    with daphne_server(tmp_path / "daphne.log", TEST_REDIS_URL=redis_url) as base:
         result = await faults.redis_restart(url=ws_url(base), origin=base, command=restart)
-    finally:
-        os.killpg(daphne.pid, signal.SIGTERM)
-        daphne.wait(20)
-        log.close()
     assert result.held, (result.failures, result.notes, (tmp_path / "daphne.log").read_text()[-3000:])
     assert result.recovery_s[0] < 30
