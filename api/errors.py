@@ -96,3 +96,11 @@ def from_admission(refused, *, user) -> ApiError:
         return ApiError(429, refused.message, type="requests", code="rate_limit_exceeded", headers=headers)
     # too_many_generations, and any code admission control adds later: a limit that clears by waiting.
     return ApiError(429, refused.message, type="requests", code=code, headers={"Retry-After": retry})
+
+
+def completion_failed(done: dict) -> ApiError:
+    """500 for a reply whose ``done`` frame says it ended without completing (failed, interrupted, or
+    cancelled elsewhere); ``code`` is that status."""
+    status = done.get("status")
+    message = done.get("error") or f"The completion ended as {status}."
+    return ApiError(500, message, type="server_error", code=status)

@@ -1,10 +1,14 @@
 """``x-request-id`` on every response: the caller's own id when it sent a sane one, else a new one.
-``request.request_id`` holds it for logs and error bodies."""
+``request.request_id`` holds it, and it is the ``request_id`` field of every log record written while the
+request is handled (``observability.logs.log_context``; carried by sync_to_async threads and, through the
+generation task's headers, into the worker's records of the reply)."""
 
 import re
 import uuid
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
+from observability.logs import log_context
 
 HEADER = "x-request-id"
 _SANE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -22,7 +26,8 @@ def request_id_middleware(get_response):
 
         async def middleware(request):
             request.request_id = request_id_for(request)
-            response = await get_response(request)
+            with log_context(request_id=request.request_id):
+                response = await get_response(request)
             response[HEADER] = request.request_id
             return response
 
@@ -31,7 +36,8 @@ def request_id_middleware(get_response):
 
     def middleware(request):
         request.request_id = request_id_for(request)
-        response = get_response(request)
+        with log_context(request_id=request.request_id):
+            response = get_response(request)
         response[HEADER] = request.request_id
         return response
 

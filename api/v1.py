@@ -2,7 +2,7 @@
 
 Thin interface: parse and authenticate, call :func:`conversations.completions.completion_request` (admission
 control, storage, dispatch to the same Celery task and engine as the browser chat), then shape the reply's
-frames (:mod:`api.follow`) as OpenAI objects. The completion view is async and its SSE body an async
+frames (:mod:`api.follow`) as OpenAI objects (:mod:`api.streaming` for SSE). The completion view is async and its SSE body an async
 generator, so an open stream holds no thread under daphne.
 """
 
@@ -25,13 +25,22 @@ from api import chunks
 from api.auth import user_for_request
 from api.chat_request import ChatRequest, parse_chat_request
 from api.dbconn import close_request_connections
-from api.errors import ApiError, from_admission, invalid, model_not_found, rate_limit_headers
-from api.follow import ReplyLost, reply_frames
+from api.errors import (
+    ApiError,
+    completion_failed,
+    from_admission,
+    invalid,
+    model_not_found,
+    rate_limit_headers,
+)
+from api.follow import ReplyLost, ReplySubscription, reply_frames
+from api.streaming import CompletionStream
 from conversations import broadcast
 from conversations.admission import AdmissionRefused
-from conversations.completions import completion_cancel, completion_request
+from conversations.completions import completion_request
 from conversations.models import Message
 from inference.registry import models_for_tier
+from observability.logs import log_context
 
 logger = logging.getLogger(__name__)
 
@@ -94,41 +103,28 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
     return reply
 
 
-def _failure(done: dict) -> ApiError:
-    """The error for a reply that ended without completing (failed, interrupted, cancelled elsewhere)."""
-    status = done.get("status")
-    message = done.get("error") or f"The completion ended as {status}."
-    return ApiError(500, message, type="server_error", code=status)
-
-
 async def _close_db() -> None:
     """Close this request's database connections (see api/dbconn.py)."""
     await sync_to_async(close_request_connections)()
-
-
-async def _cancel(user, message_id: int) -> None:
-    # Shielded: this runs while the view's task is being cancelled (client gone).
-    try:
-        await asyncio.shield(sync_to_async(completion_cancel)(user=user, message_id=message_id))
-    except Exception:  # the reply may already be gone; the stream is closing either way
-        logger.warning("could not cancel completion %s", message_id, exc_info=True)
 
 
 @csrf_exempt
 @require_POST
 async def chat_completions(request):
     """``POST /v1/chat/completions``: a ``chat.completion`` object, or with ``stream: true`` an SSE stream of
-    ``chat.completion.chunk`` events ending in ``data: [DONE]``. Errors in OpenAI's shape (api.errors)."""
+    ``chat.completion.chunk`` events ending in ``data: [DONE]``. Errors in OpenAI's shape (api.errors).
+    A client that leaves before its reply ended (any moment, or the non-streaming timeout) cancels it."""
     layer = get_channel_layer()
     channel = await layer.new_channel("api.")
     try:
         return await _chat_completions(request, layer, channel)
     finally:
-        if not getattr(request, "_api_streaming", False):  # the SSE generator closes them when it ends
+        if not getattr(request, "_api_streaming", False):  # the stream's subscription closes them
             await _close_db()
 
 
 async def _chat_completions(request, layer, channel):
+    request_id = getattr(request, "request_id", "")
     try:
         user, chat = await sync_to_async(_prepare)(request)
         submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat, channel))
@@ -140,49 +136,57 @@ async def _chat_completions(request, layer, channel):
                 reply = await submit
             except ApiError:
                 raise asyncio.CancelledError from None
-            await _cancel(user, reply.id)
+            await _subscription(layer, channel, user, reply, request_id).aclose()
             raise
     except ApiError as error:
         return error.response()
-    created = int(time.time())
-    ids = {"id": chunks.completion_id(reply.id), "created": created, "model": chat.model}
-    if chat.stream:
-        response = StreamingHttpResponse(
-            _stream(layer, channel, user, reply.id, chat, ids), content_type="text/event-stream"
+    subscription = _subscription(layer, channel, user, reply, request_id)
+    with log_context(user_id=user.pk, message_id=reply.id):
+        logger.info(
+            "completion queued: model %s, %d message(s), stream=%s, store=%s",
+            chat.model,
+            len(chat.messages),
+            chat.stream,
+            chat.store,
         )
+    ids = {"id": chunks.completion_id(reply.id), "created": int(time.time()), "model": chat.model}
+    if chat.stream:
+        body = CompletionStream(subscription, include_usage=chat.include_usage, ids=ids)
+        response = StreamingHttpResponse(body, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         request._api_streaming = True
     else:
-        response = await _complete(layer, channel, user, reply.id, ids)
+        response = await _complete(subscription, ids)
     for name, value in reply.rate_limit_headers.items():
         response[name] = value
     return response
 
 
-async def _complete(layer, channel: str, user, message_id: int, ids: dict) -> JsonResponse:
-    finished = False
+def _subscription(layer, channel: str, user, reply: Message, request_id: str) -> ReplySubscription:
+    return ReplySubscription(
+        layer=layer, channel=channel, user=user, message_id=reply.id, request_id=request_id
+    )
+
+
+async def _complete(sub: ReplySubscription, ids: dict) -> JsonResponse:
     try:
         async with asyncio.timeout(settings.API_COMPLETION_TIMEOUT_S):
-            async for frame in reply_frames(layer, channel, message_id):
+            async for frame in reply_frames(sub.layer, sub.channel, sub.message_id):
                 if frame["type"] == "done":
-                    finished = True
-                    done = frame
-    except TimeoutError:
-        await _cancel(user, message_id)
-        finished = True
+                    sub.ended, done = True, frame
+    except TimeoutError:  # not ended: closing the subscription cancels the reply
         return ApiError(
             504, "The completion took too long and was cancelled.", type="server_error", code="timeout"
         ).response()
     except ReplyLost as exc:
-        finished = True
+        sub.ended = True
         return ApiError(500, str(exc), type="server_error", code="reply_lost").response()
     finally:
-        if not finished:  # the client went away (CancelledError): free the engine slot
-            await _cancel(user, message_id)
-        await layer.group_discard(broadcast.message_group(message_id), channel)
+        # Client gone (CancelledError), timed out, or done: cancel the reply unless it ended.
+        await sub.aclose()
     if done["status"] != Message.Status.COMPLETED:
-        return _failure(done).response()
+        return completion_failed(done).response()
     return JsonResponse(
         chunks.completion(
             content=done["content"],
@@ -191,50 +195,6 @@ async def _complete(layer, channel: str, user, message_id: int, ids: dict) -> Js
             **ids,
         )
     )
-
-
-async def _stream(layer, channel: str, user, message_id: int, chat: ChatRequest, ids: dict):
-    include_usage = chat.include_usage
-    finished = False
-    sent = []
-    try:
-        yield chunks.sse(
-            chunks.chunk(delta={"role": "assistant", "content": ""}, include_usage=include_usage, **ids)
-        )
-        async for frame in reply_frames(layer, channel, message_id):
-            if frame["type"] == "token":
-                if frame["text"]:
-                    sent.append(frame["text"])
-                    yield chunks.sse(
-                        chunks.chunk(delta={"content": frame["text"]}, include_usage=include_usage, **ids)
-                    )
-                continue
-            done, finished = frame, True
-            if done["status"] != Message.Status.COMPLETED:
-                yield chunks.sse(_failure(done).body())
-                return
-            streamed = "".join(sent)
-            rest = done["content"][len(streamed) :] if done["content"].startswith(streamed) else ""
-            if rest:  # frames lost on the way (never expected; the stored text is the truth)
-                yield chunks.sse(chunks.chunk(delta={"content": rest}, include_usage=include_usage, **ids))
-            yield chunks.sse(
-                chunks.chunk(
-                    finish_reason=done["finish_reason"] or "stop", include_usage=include_usage, **ids
-                )
-            )
-            if include_usage:
-                yield chunks.sse(
-                    chunks.chunk(usage=chunks.usage_of(done), include_usage=True, final_usage=True, **ids)
-                )
-            yield chunks.DONE
-    except ReplyLost as exc:
-        finished = True
-        yield chunks.sse(ApiError(500, str(exc), type="server_error", code="reply_lost").body())
-    finally:
-        if not finished:  # client disconnected (CancelledError / GeneratorExit): free the engine slot
-            await _cancel(user, message_id)
-        await layer.group_discard(broadcast.message_group(message_id), channel)
-        await _close_db()
 
 
 def _models_user(request):

@@ -10,7 +10,9 @@ Where the figures come from:
 * per-request histograms and counters: :func:`observe_token` / :func:`observe_finish`, called by
   ``inference/adapter.py`` for each engine ``TokenEvent`` / ``FinishEvent`` (engine timings in ms);
 * gauges (running, waiting, KV cache use): :class:`EngineCollector`, which reads ``engine.load()`` at scrape
-  time, so nothing is computed between scrapes.
+  time, so nothing is computed between scrapes;
+* per-step histograms (step duration, batch size, tokens per step by phase): :class:`StepMetrics`, a step
+  listener on the engine's loop thread (``LLMEngine.add_step_listener``), registered with the collector.
 
 One scrape endpoint per worker *process* (:func:`start_worker_endpoint`): a GPU worker is one Celery
 process with ``--pool threads``, so all its task threads share this module's default registry and a
@@ -107,6 +109,35 @@ QUEUE_TIME = Histogram(
 )
 PROMPT_TOKENS = Counter("chatsite:prompt_tokens", "Prefill tokens processed.", ["model", "tier"])
 GENERATION_TOKENS = Counter("chatsite:generation_tokens", "Tokens generated.", ["model", "tier"])
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# vLLM's buckets for iteration_tokens_total.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+STEP_DURATION = Histogram(
+    "chatsite:engine_step_duration_seconds",
+    "Wall time of one engine step: scheduling, forward pass, sampling, detokenizing, streaming.",
+    ["model"],
+    buckets=STEP_BUCKETS,
+)
+STEP_BATCH_SIZE = Histogram(
+    "chatsite:engine_step_batch_size",
+    "Requests with tokens in one engine step.",
+    ["model"],
+    buckets=BATCH_BUCKETS,
+)
+ITERATION_TOKENS = Histogram(  # vLLM's name (a histogram despite the _total)
+    "chatsite:iteration_tokens_total",
+    "Tokens through the model in one engine step (prefill + decode).",
+    ["model"],
+    buckets=ITERATION_TOKEN_BUCKETS,
+)
+STEP_TOKENS = Histogram(
+    "chatsite:engine_step_tokens",
+    "Tokens of one engine step by phase (prefill: prompt tokens computed; decode: one per decoding request); "
+    "both phases are observed every step, zeros included.",
+    ["model", "phase"],
+    buckets=(0, *ITERATION_TOKEN_BUCKETS),
+)
 REQUEST_SUCCESS = Counter(
     "chatsite:request_success", "Finished requests by finish_reason.", ["model", "tier", "finish_reason"]
 )
@@ -273,15 +304,43 @@ class EngineCollector:
         yield from (running, waiting, kv, preemptions)
 
 
+class StepMetrics:
+    """Step listener feeding the per-step histograms of one engine serving ``model``
+    (``engine.add_step_listener(StepMetrics(model=...))``).
+
+    Runs on the engine's loop thread after every step, so it stays cheap: five observations on label
+    children bound once, no allocation, no lock of ours (each observation takes prometheus-client's own
+    short lock). ``StepStats.duration_s`` is measured before the listeners run."""
+
+    __slots__ = ("_batch", "_decode", "_duration", "_prefill", "_tokens")
+
+    def __init__(self, *, model: str):
+        self._duration = STEP_DURATION.labels(model)
+        self._batch = STEP_BATCH_SIZE.labels(model)
+        self._tokens = ITERATION_TOKENS.labels(model)
+        self._prefill = STEP_TOKENS.labels(model, "prefill")
+        self._decode = STEP_TOKENS.labels(model, "decode")
+
+    def __call__(self, stats) -> None:
+        """Observe one :class:`~inference.engine.StepStats`."""
+        self._duration.observe(stats.duration_s)
+        self._batch.observe(stats.batch_size)
+        self._tokens.observe(stats.num_prefill_tokens + stats.num_decode_tokens)
+        self._prefill.observe(stats.num_prefill_tokens)
+        self._decode.observe(stats.num_decode_tokens)
+
+
 _collector: EngineCollector | None = None
 
 
-def register_engine(host) -> None:
-    """Export ``host``'s engine gauges from this process's registry (idempotent)."""
+def register_engine(host, *, registry=REGISTRY) -> None:
+    """Export ``host``'s engine gauges from ``registry`` (this process's by default) and feed the per-step
+    histograms from its engine's steps (:class:`StepMetrics`). Once per process: later calls do nothing."""
     global _collector
     if _collector is None:
         _collector = EngineCollector(host)
-        REGISTRY.register(_collector)
+        registry.register(_collector)
+        host.engine.add_step_listener(StepMetrics(model=host.model_name))
 
 
 def start_worker_endpoint(port: int, addr: str = "0.0.0.0") -> int:

@@ -72,6 +72,19 @@ def broker_take(queue_name: str) -> list[tuple[list, int]]:
     return taken
 
 
+def broker_take_headers(queue_name: str) -> list[dict]:
+    """Consume every message now waiting in ``queue_name``: their headers, in delivery order."""
+    from celery import current_app
+
+    taken = []
+    with current_app.connection_for_write() as conn:
+        bound = current_app.amqp.queues[queue_name](conn.default_channel)
+        bound.declare()
+        while (message := bound.get(no_ack=True)) is not None:
+            taken.append(dict(message.headers))
+    return taken
+
+
 @pytest.fixture
 def redis_clean(settings):
     """Empty our keys in the test Redis database (channel layer, replay streams, leases, rate-limit counters; not

@@ -8,6 +8,7 @@ path (a long TTL instead of the 1 s refresh). Tests of the fleet or of admission
 """
 
 import json
+import logging
 from dataclasses import asdict
 
 import pytest
@@ -68,3 +69,31 @@ def idle_fleet(request):
         publish_worker(fake_worker(model))
     yield
     clear_fleet()
+
+
+class LogRecords(logging.Handler):
+    """Collects records with the log-context fields set (``request_id``, ``message_id``, ``user_id``,
+    ``trace_id``), as the configured console handler sees them."""
+
+    def __init__(self):
+        from observability.logs import ContextFilter
+
+        super().__init__(logging.DEBUG)
+        self.addFilter(ContextFilter())
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def api_logs():
+    """The records the ``api`` package logs at INFO and above during the test."""
+    handler = LogRecords()
+    logger = logging.getLogger("api")
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.records
+    logger.removeHandler(handler)
+    logger.setLevel(previous)

@@ -15,6 +15,8 @@ from conversations.admission import AdmissionRefused
 from conversations.completions import completion_cancel, completion_request
 from conversations.models import Conversation, Message
 from inference.adapter import sampling_for
+from inference.registry import queue_for
+from tests.conftest import broker_take_headers
 
 pytestmark = pytest.mark.django_db
 
@@ -139,6 +141,20 @@ def test_request_id_is_echoed_or_generated_on_every_response(client, key):
     generated = client.get("/v1/nothing-here", HTTP_X_REQUEST_ID="bad id with spaces")
     assert generated.status_code == 404 and generated["x-request-id"].startswith("req_")
     assert client.get("/accounts/login/")["x-request-id"].startswith("req_")
+
+
+def test_request_id_is_the_request_id_of_its_log_records_and_of_the_generation_task(
+    client, key, alice, redis_clean, api_logs, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post(client, key, {"model": MODEL, "messages": HELLO, "stream": True})
+    request_id = response["x-request-id"]
+    assert request_id.startswith("req_")
+    reply = Message.objects.get(role="assistant", conversation__owner=alice)
+    queued = [r for r in api_logs if r.getMessage().startswith("completion queued")]
+    assert [(r.request_id, r.message_id, r.user_id) for r in queued] == [(request_id, reply.id, alice.pk)]
+    # The task carries it to the worker, whose log context for the reply takes it (inference/tasks.py).
+    assert [h.get("request_id") for h in broker_take_headers(queue_for(MODEL))] == [request_id]
 
 
 def test_rate_limit_is_429_with_retry_after_and_ratelimit_headers(client, key, alice, redis_clean):

@@ -156,6 +156,16 @@ async def test_worker_and_web_metrics_change_as_a_reply_streams(
         value(worker_after, "chatsite:request_success_total", finish_reason=done["finish_reason"], **labels)
         >= 1
     )
+    # The engine's step listener: one step per token at least, each decode token counted once.
+    steps = value(worker_after, "chatsite:engine_step_duration_seconds_count", model=MODEL) - value(
+        worker_before, "chatsite:engine_step_duration_seconds_count", model=MODEL
+    )
+    assert steps >= completion
+    assert value(worker_after, "chatsite:engine_step_batch_size_count", model=MODEL) >= steps
+    decode = value(worker_after, "chatsite:engine_step_tokens_sum", model=MODEL, phase="decode") - value(
+        worker_before, "chatsite:engine_step_tokens_sum", model=MODEL, phase="decode"
+    )
+    assert decode == completion - 1  # the first token comes from the prefill
     assert value(worker_after, "chatsite:inter_token_latency_seconds_count", **labels) > value(
         worker_before, "chatsite:inter_token_latency_seconds_count", **labels
     )

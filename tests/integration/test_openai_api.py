@@ -4,6 +4,8 @@ model, PostgreSQL and Redis. Replies are kept to a few tokens (two shared CPU co
 
 import http.client
 import json
+import socket
+import struct
 import time
 from urllib.parse import urlparse
 
@@ -67,8 +69,9 @@ def wait_for(predicate, timeout=60.0):
     return False
 
 
-def test_non_streaming_completion_returns_usage_and_is_not_stored(api, carol):
-    completion = api.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=8, **GREEDY)
+def test_non_streaming_completion_returns_usage_and_is_not_stored(api, carol, celery_worker):  # noqa: F811
+    raw = api.chat.completions.with_raw_response.create(model=MODEL, messages=PROMPT, max_tokens=8, **GREEDY)
+    completion = raw.parse()
     assert completion.object == "chat.completion" and completion.model == MODEL
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
@@ -83,6 +86,14 @@ def test_non_streaming_completion_returns_usage_and_is_not_stored(api, carol):
         completion.usage.completion_tokens,
     )
     assert not Conversation.objects.filter(owner=carol).exists()  # store defaults to false
+    # One grep follows the completion: the worker's line for the reply carries the response's x-request-id.
+    request_id, message_id = raw.headers["x-request-id"], completion.id.removeprefix("chatcmpl-")
+    finished = [
+        line
+        for line in celery_worker.log_path.read_text().splitlines()
+        if "reply finished" in line and f"message_id={message_id} " in line
+    ]
+    assert len(finished) == 1 and f"request_id={request_id} " in finished[0], finished
 
 
 def test_stream_is_in_openais_order_with_include_usage_and_equals_non_streamed_text(api, live_server_url):  # noqa: F811
@@ -234,6 +245,60 @@ def test_disconnect_mid_stream_cancels_frees_the_slot_and_records_usage(api, car
     assert reply.finish_reason == "cancelled" and 3 <= reply.completion_tokens < 400
     record = UsageRecord.objects.get(message=reply)
     assert record.completion_tokens == reply.completion_tokens
+
+
+def send_and_hang_up(base_url, key, body, *, before_close=None):
+    """Send a completion request on a raw socket and close it without reading a byte of the answer;
+    ``before_close()`` runs (and may wait) between the two."""
+    url = urlparse(base_url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}:{url.port}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(head + payload)
+        if before_close is not None:
+            before_close()
+        # Reset rather than FIN, as a client that crashed or was killed would: nothing unread lingers.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+LONG_STREAM = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Write a very long story about a dragon who bakes bread."}],
+    "max_tokens": 400,
+    "store": True,
+    "temperature": 0,
+    "stream": True,
+}
+
+
+def test_disconnect_right_after_the_request_cancels_and_frees_the_slot(api, carol, live_server_url):  # noqa: F811
+    # The client hangs up as soon as its reply exists (before the response headers or the first chunk can
+    # have been read): the generation is cancelled, not left running for nobody.
+    replies = Message.objects.filter(conversation__owner=carol, role="assistant")
+    send_and_hang_up(
+        live_server_url, api.raw_key, LONG_STREAM, before_close=lambda: wait_for(replies.exists, 10)
+    )
+    reply = replies.get()
+    assert wait_for(lambda: Message.objects.get(pk=reply.pk).status == "cancelled", 10)
+    assert wait_for(engine_idle, 5)
+    reply.refresh_from_db()
+    assert reply.completion_tokens < 400
+
+
+def test_hang_up_with_the_request_leaves_nothing_generating(api, carol, live_server_url):  # noqa: F811
+    # The client closes the moment its request is sent: whichever stage the view was at (authenticating,
+    # storing the reply, sending headers), no generation runs on for nobody and any reply is cancelled.
+    send_and_hang_up(live_server_url, api.raw_key, LONG_STREAM)
+    replies = Message.objects.filter(conversation__owner=carol, role="assistant")
+    time.sleep(1.0)
+    assert wait_for(lambda: not replies.exclude(status="cancelled").exists(), 10), list(
+        replies.values_list("status", flat=True)
+    )
+    assert wait_for(engine_idle, 5)
 
 
 def test_non_streaming_client_timeout_cancels_the_generation(api, carol):
