@@ -145,7 +145,9 @@ async def _chat_completions(request, layer, channel):
     except ApiError as error:
         return error.response()
     created = int(time.time())
-    ids = {"id": chunks.completion_id(reply.id), "created": created, "model": chat.model}
+    # As OpenAI's ``model``: the model that answered, which may differ from the one asked for (here: the
+    # tier's degrade_to_model when its own model was too busy).
+    ids = {"id": chunks.completion_id(reply.id), "created": created, "model": reply.model_name}
     if chat.stream:
         response = StreamingHttpResponse(
             _stream(layer, channel, user, reply.id, chat, ids), content_type="text/event-stream"
