@@ -144,12 +144,14 @@ async def _chat_completions(request, layer, channel):
     with log_context(user_id=user.pk, message_id=reply.id):
         logger.info(
             "completion queued: model %s, %d message(s), stream=%s, store=%s",
-            chat.model,
+            reply.model_name,
             len(chat.messages),
             chat.stream,
             chat.store,
         )
-    ids = {"id": chunks.completion_id(reply.id), "created": int(time.time()), "model": chat.model}
+    # As OpenAI's ``model``: the model that answered, which may differ from the one asked for (here: the
+    # tier's degrade_to_model when its own model was too busy).
+    ids = {"id": chunks.completion_id(reply.id), "created": int(time.time()), "model": reply.model_name}
     if chat.stream:
         body = CompletionStream(subscription, include_usage=chat.include_usage, ids=ids)
         response = StreamingHttpResponse(body, content_type="text/event-stream")

@@ -74,21 +74,26 @@ def _retry_after(wait_s: float, threshold_s: float) -> int:
     return int(min(300, max(settings.ADMISSION_RETRY_AFTER_S, math.ceil(wait_s - threshold_s))))
 
 
-def route(*, tier) -> tuple[str, float, bool]:
+def route(*, tier, model_name: str | None = None) -> tuple[str, float, bool]:
     """``(model_name, expected_wait_s, degraded)`` for a new request of ``tier``: its own model, or its
     ``degrade_to_model`` while the own model's wait is above ``degrade_after_wait_s`` (or it has no worker)
-    and the fallback's wait is lower. Raises ``AdmissionRefused("no_workers")`` when neither is served."""
+    and the fallback's wait is lower. Raises ``AdmissionRefused("no_workers")`` when neither is served.
+
+    ``model_name``: the model a client named (the API's ``model``); None or the tier's own model routes as
+    above, another of the tier's models (its ``degrade_to_model``, asked for by name) is served by that
+    model only, never degraded. The caller has checked that ``tier`` may use it."""
+    if model_name and model_name != tier.model_name:
+        wait = load.expected_wait_s(tier=tier, model_name=model_name)
+        if wait is None:
+            raise _no_workers()
+        return model_name, wait, False
     options = []
     for name in models_for_tier(tier):
         wait = load.expected_wait_s(tier=tier, model_name=name)
         if wait is not None:
             options.append((name, wait))
     if not options:
-        raise AdmissionRefused(
-            "no_workers",
-            "No model workers are available right now; try again shortly.",
-            retry_after=settings.ADMISSION_RETRY_AFTER_S,
-        )
+        raise _no_workers()
     name, wait = options[0]
     own_live = name == tier.model_name
     if len(options) > 1 or not own_live:
@@ -96,6 +101,14 @@ def route(*, tier) -> tuple[str, float, bool]:
         if not own_live or (wait > tier.degrade_after_wait_s and fallback[1] < wait):
             return fallback[0], fallback[1], True
     return name, wait, False
+
+
+def _no_workers() -> AdmissionRefused:
+    return AdmissionRefused(
+        "no_workers",
+        "No model workers are available right now; try again shortly.",
+        retry_after=settings.ADMISSION_RETRY_AFTER_S,
+    )
 
 
 def prompt_tokens_bound_for_texts(texts: list[str]) -> int:
@@ -126,11 +139,12 @@ def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     )
 
 
-def load_gate(*, tier) -> tuple[str, float, bool]:
-    """The load part of admission alone: ``route(tier)`` then the hard cap and the tier's threshold. Raises
-    ``AdmissionRefused`` (``no_workers``/``busy``). Reads only cached figures, so a caller can refuse before
-    opening a transaction; returns ``(model_name, expected_wait_s, degraded)``."""
-    model_name, wait, degraded = route(tier=tier)
+def load_gate(*, tier, model_name: str | None = None) -> tuple[str, float, bool]:
+    """The load part of admission alone: :func:`route` (``model_name``: the model a client named, see there)
+    then the hard cap and the tier's threshold. Raises ``AdmissionRefused`` (``no_workers``/``busy``). Reads
+    only cached figures, so a caller can refuse before opening a transaction; returns ``(model_name,
+    expected_wait_s, degraded)``."""
+    model_name, wait, degraded = route(tier=tier, model_name=model_name)
     if wait > settings.ADMISSION_HARD_CAP_WAIT_S:
         raise AdmissionRefused(
             "busy",
@@ -146,23 +160,36 @@ def load_gate(*, tier) -> tuple[str, float, bool]:
     return model_name, wait, degraded
 
 
+def refresh_tier(user) -> None:
+    """Point ``user.tier`` at the user's current tier row, read through the ``ADMISSION_LOAD_CACHE_S`` cache
+    (:func:`conversations.load.current_tier`). A long-lived ``user`` object (a WebSocket's, loaded when it
+    connected) calls it before each admission, so a tier an admin changed, or an approved upgrade, applies
+    to the next request within that time instead of at the next reconnect. Raises ``CacheMiss`` inside
+    :func:`conversations.load.cached_only` when the figures are not cached."""
+    user.tier = load.current_tier(user.pk)
+
+
 def load_gate_for_user(*, user) -> tuple[str, float, bool]:
-    """:func:`load_gate` for ``user``'s tier (read through the 1 s cache). The WebSocket consumer runs it
-    off Channels' single database thread, so refusals under overload do not queue behind other clients'
-    transactions."""
-    return load_gate(tier=load.cached_tier(user.tier_id))
+    """:func:`load_gate` for ``user``'s current tier (:func:`refresh_tier`, read through the 1 s cache). The
+    WebSocket consumer runs it off Channels' single database thread, so refusals under overload do not queue
+    behind other clients' transactions."""
+    refresh_tier(user)
+    return load_gate(tier=user.tier)
 
 
-def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+def admission_check(
+    *, user, prompt_tokens_bound: int | None = None, model_name: str | None = None
+) -> Admission:
     """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
 
     ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
     Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
     max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
     transaction the quota is only checked. Counts one request against the per-minute rate when the load
-    and concurrency checks passed."""
+    and concurrency checks passed. ``model_name``: the model a client named (:func:`route`); the
+    :class:`Admission` says which model will answer."""
     tier = user.tier
-    model_name, wait, degraded = load_gate(tier=tier)
+    model_name, wait, degraded = load_gate(tier=tier, model_name=model_name)
     if active_generation_count(user=user) >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",

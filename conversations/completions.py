@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from conversations import generations
-from conversations.admission import prompt_tokens_bound_for_texts
+from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.services import conversation_touch, message_create, title_from_content
 
@@ -30,8 +30,10 @@ def completion_request(
     on_queued: Callable[[Message], None] | None = None,
 ) -> Message:
     """Store ``messages`` (``{"role": "system"|"user"|"assistant", "content": str}``; system texts are joined
-    into the conversation's pinned system prompt) and a queued assistant reply for ``model`` in one
-    transaction; the generation task is dispatched on commit. ``on_queued(reply)`` runs inside the
+    into the conversation's pinned system prompt) and a queued assistant reply in one transaction; the
+    generation task is dispatched on commit. ``model`` is the model the client asked for; admission routes
+    it like a chat message (``admission.route``: the tier's own model may be moved to its
+    ``degrade_to_model`` under load), and the reply's ``model_name`` is the model that will answer. ``on_queued(reply)`` runs inside the
     transaction, before the dispatch, so a caller can subscribe to the reply's stream without missing a frame.
 
     The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
@@ -40,10 +42,14 @@ def completion_request(
     system_prompt = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     turns = [m for m in messages if m["role"] != "system"]
     first_user = next((m["content"] for m in turns if m["role"] == "user"), "")
+    # Refuse under overload before opening a transaction (cached figures only), as the chat does.
+    load_gate(tier=user.tier, model_name=model)
     with transaction.atomic():
         # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
         admission = generations._admit(
-            user=user, prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages])
+            user=user,
+            prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages]),
+            model_name=model,
         )
         conversation = Conversation.objects.create(
             owner=user,
@@ -60,7 +66,7 @@ def completion_request(
             role=Message.Role.ASSISTANT,
             content="",
             status=Message.Status.QUEUED,
-            model_name=model,
+            model_name=admission.model_name,
         )
         reply.sampling = sampling or None
         reply.save(update_fields=["sampling"])

@@ -186,6 +186,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("internal_error", "Something went wrong; nothing was stored.")
 
     async def dispatch_frame(self, frame):
+        if isinstance(frame, (SendFrame, RegenerateFrame, EditFrame, ContinueFrame)):
+            await self.refresh_tier()
         if isinstance(frame, SendFrame):
             await self.handle_send(frame)
         elif isinstance(frame, RegenerateFrame):
@@ -206,6 +208,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     user=self.user, message_id=frame.message_id
                 )
             )
+
+    async def refresh_tier(self):
+        """Admit with the user's current tier, not the one loaded when the socket connected (an admin's
+        change or an approved upgrade applies within ``ADMISSION_LOAD_CACHE_S``): from the cache on the
+        event loop, else on a worker thread."""
+        try:
+            with load.cached_only():
+                admission.refresh_tier(self.user)
+            return
+        except load.CacheMiss:
+            pass
+        await database_sync_to_async(admission.refresh_tier, thread_sensitive=False)(self.user)
 
     async def admission_gate(self):
         # Refuse under overload in milliseconds: from the 1 s cache right here on the event loop, else on a

@@ -113,15 +113,18 @@ def _dispatch(message: Message) -> None:
     )
 
 
-def _admit(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+def _admit(*, user, prompt_tokens_bound: int | None = None, model_name: str | None = None) -> Admission:
     """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals).
-    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply)."""
+    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply);
+    ``model_name`` is the model a client named (the API), see ``admission.route``."""
     from observability import metrics, refusals, tracing
 
     tier = user.tier.name
     with tracing.span("admission", tier=tier):
         try:
-            admission = admission_check(user=user, prompt_tokens_bound=prompt_tokens_bound)
+            admission = admission_check(
+                user=user, prompt_tokens_bound=prompt_tokens_bound, model_name=model_name
+            )
         except AdmissionRefused as exc:
             metrics.observe_admission(tier=tier, refused_code=exc.code)
             refusals.refusal_record(tier=tier, reason=exc.code)

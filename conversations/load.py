@@ -159,6 +159,18 @@ def cached_tier(tier_id: int):
     return _cached(("tier", tier_id), lambda: Tier.objects.get(pk=tier_id))
 
 
+def current_tier(user_id: int):
+    """The :class:`~billing.models.Tier` user ``user_id`` is on now: the user's ``tier_id`` and the tier row,
+    each read at most ``ADMISSION_LOAD_CACHE_S`` ago (one indexed query per user per period)."""
+    from django.contrib.auth import get_user_model
+
+    tier_id = _cached(
+        ("user_tier", user_id),
+        lambda: get_user_model().objects.values_list("tier_id", flat=True).get(pk=user_id),
+    )
+    return cached_tier(tier_id)
+
+
 def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
     are those a priority broker queue hands out before a new request of that priority; streaming ones are

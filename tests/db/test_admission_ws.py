@@ -1,5 +1,7 @@
 """Admission refusals over the WebSocket: ``error`` frames with ``retry_after``, nothing stored."""
 
+import asyncio
+
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -9,6 +11,24 @@ from tests.db.conftest import fake_worker, publish_worker
 from tests.db.test_consumer import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.real_fleet]
+
+
+def queue_free_replies(n):
+    """``n`` replies of another free user waiting in the queue (``n`` s of expected wait for a free request
+    at 100 tokens/s and 100 tokens per reply; none for a paid one, which the broker delivers first)."""
+    from billing.models import Tier
+    from conversations import services
+
+    filler = Tier.objects.get(name="free").users.create(username="filler")
+    conversation = services.conversation_create(owner=filler)
+    for _ in range(n):
+        services.message_create(
+            conversation=conversation,
+            role="assistant",
+            content="",
+            status="queued",
+            model_name=settings.INFERENCE_DEFAULT_MODEL,
+        )
 
 
 @pytest.fixture
@@ -32,21 +52,6 @@ async def test_busy_free_user_gets_busy_with_retry_after_then_is_admitted_when_l
     settings.ADMISSION_MEAN_REPLY_TOKENS = 100
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
 
-    def queue_free_replies(n):
-        from billing.models import Tier
-        from conversations import services
-
-        filler = Tier.objects.get(name="free").users.create(username="filler")
-        conversation = services.conversation_create(owner=filler)
-        for _ in range(n):
-            services.message_create(
-                conversation=conversation,
-                role="assistant",
-                content="",
-                status="queued",
-                model_name=settings.INFERENCE_DEFAULT_MODEL,
-            )
-
     await database_sync_to_async(queue_free_replies)(25)  # 25 s expected wait for a free request
     await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
     ws = await open_socket(session_cookie)
@@ -62,4 +67,47 @@ async def test_busy_free_user_gets_busy_with_retry_after_then_is_admitted_when_l
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
     queued = await ws.receive_json_from()
     assert queued["type"] == "queued" and queued["model"] == settings.INFERENCE_DEFAULT_MODEL
+    await ws.disconnect()
+
+
+async def test_a_tier_change_applies_to_an_open_socket_at_its_next_send(
+    session_cookie, alice, redis_clean, settings
+):
+    """The socket's user was loaded at connect; an approved upgrade, then an admin's downgrade, decide the
+    next sends on the same socket (within ADMISSION_LOAD_CACHE_S), without a reconnect."""
+    from billing.models import Tier
+    from billing.services import upgrade_request_approve, upgrade_request_create
+
+    settings.ADMISSION_MEAN_REPLY_TOKENS = 100
+    settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
+    settings.ADMISSION_LOAD_CACHE_S = 0.3
+    await database_sync_to_async(queue_free_replies)(25)  # free: 25 s > 10 s threshold; paid: 0 s
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
+    assert (await ws.receive_json_from())["code"] == "busy"
+
+    def upgrade():
+        request, _ = upgrade_request_create(user=alice, to_tier=Tier.objects.get(name="paid"))
+        upgrade_request_approve(request=request)
+
+    await database_sync_to_async(upgrade)()
+    await asyncio.sleep(settings.ADMISSION_LOAD_CACHE_S + 0.1)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
+    queued = await ws.receive_json_from()
+    assert queued["type"] == "queued", queued
+    reply = await database_sync_to_async(Message.objects.select_related("conversation__owner__tier").get)(
+        pk=queued["message_id"]
+    )
+    assert reply.conversation.owner.tier.name == "paid"
+
+    def downgrade():  # as the admin's user list does (list_editable tier)
+        alice.tier = Tier.objects.get(name="free")
+        alice.save(update_fields=["tier"])
+
+    await database_sync_to_async(downgrade)()
+    await asyncio.sleep(settings.ADMISSION_LOAD_CACHE_S + 0.1)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "again"})
+    error = await ws.receive_json_from()
+    assert (error["type"], error["code"]) == ("error", "busy")
     await ws.disconnect()

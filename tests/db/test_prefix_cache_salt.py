@@ -2,48 +2,21 @@
 user sending the very same text never does. Real database and Redis, a real engine over a tiny random-weight
 Llama with the product's tokenizer and chat template (no Celery: ``run_generation`` is what the task calls)."""
 
-from pathlib import Path
-
 import pytest
-import torch
 
 from conversations import generations
 from conversations.models import Conversation, Message
 from inference.adapter import run_generation
-from inference.engine import EngineConfig, LLMEngine, LoadedModel, ModelSpec
+from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
+from tests.db.tiny_model import tiny_loaded_model
 
 pytestmark = pytest.mark.django_db
-
-MODEL_DIR = Path(__file__).resolve().parents[2] / "var" / "models" / "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
 def engine():
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    spec = ModelSpec(name="tiny", source="memory", dtype="float32", context_length=1024)
-    loaded = LoadedModel(
-        model=LlamaForCausalLM(config).eval(),
-        tokenizer=tokenizer,
-        spec=spec,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        eos_token_ids=(2,),
-    )
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
+    engine = LLMEngine(tiny_loaded_model(), EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
     engine.start()
     yield engine
     engine.shutdown()
