@@ -4,6 +4,8 @@ Refusals carry a protocol error code and, where waiting helps, ``retry_after`` i
 can show "busy, retrying in N s" and re-send the same frame (HTTP: 503/429 with ``Retry-After``). Checks, in
 order (the cheap fleet read first, so refusals under overload take milliseconds):
 
+0. **Model**: a model the user chose must be one of the tier's (``models_for_tier``) -> ``model_not_found``;
+   a chosen model is used as chosen (no degrading), "" follows the tier's routing below.
 1. **Load** (``conversations/load.py``): no live worker for the tier's models -> ``no_workers``; the
    expected wait above the hard cap ``ADMISSION_HARD_CAP_WAIT_S`` -> ``busy`` for everyone; above the
    tier's own ``admit_max_wait_s`` -> ``busy`` (free tiers have the lower threshold, so they are refused
@@ -41,7 +43,8 @@ TEMPLATE_TOKENS_PER_TURN = 8
 @dataclass
 class AdmissionRefused(Exception):
     """A generation was not admitted. ``code`` is a protocol error code (``busy``, ``no_workers``,
-    ``rate_limited``, ``quota_exceeded``, ``too_many_generations``); ``retry_after`` in seconds or None."""
+    ``rate_limited``, ``quota_exceeded``, ``too_many_generations``, ``model_not_found``); ``retry_after`` in
+    seconds or None."""
 
     code: str
     message: str
@@ -74,12 +77,26 @@ def _retry_after(wait_s: float, threshold_s: float) -> int:
     return int(min(300, max(settings.ADMISSION_RETRY_AFTER_S, math.ceil(wait_s - threshold_s))))
 
 
-def route(*, tier) -> tuple[str, float, bool]:
+def model_choice(*, tier, model_name: str) -> str:
+    """``model_name`` when ``tier`` may use it (one of ``models_for_tier``, the tier routing the API uses
+    too), ``""`` for ``""`` (the tier's routing). Raises ``AdmissionRefused("model_not_found")``."""
+    if model_name and model_name not in models_for_tier(tier):
+        raise AdmissionRefused(
+            "model_not_found",
+            f"The model {model_name!r} is not available on the {tier.display_name or tier.name} plan.",
+        )
+    return model_name
+
+
+def route(*, tier, model_name: str = "") -> tuple[str, float, bool]:
     """``(model_name, expected_wait_s, degraded)`` for a new request of ``tier``: its own model, or its
     ``degrade_to_model`` while the own model's wait is above ``degrade_after_wait_s`` (or it has no worker)
-    and the fallback's wait is lower. Raises ``AdmissionRefused("no_workers")`` when neither is served."""
+    and the fallback's wait is lower. ``model_name``: a model the user chose (one of the tier's); it is
+    used as chosen, never degraded. Raises ``AdmissionRefused`` ``model_not_found`` (not the tier's) or
+    ``no_workers`` (no live worker serves it, or none of the tier's models)."""
+    names = [model_choice(tier=tier, model_name=model_name)] if model_name else models_for_tier(tier)
     options = []
-    for name in models_for_tier(tier):
+    for name in names:
         wait = load.expected_wait_s(tier=tier, model_name=name)
         if wait is not None:
             options.append((name, wait))
@@ -90,6 +107,8 @@ def route(*, tier) -> tuple[str, float, bool]:
             retry_after=settings.ADMISSION_RETRY_AFTER_S,
         )
     name, wait = options[0]
+    if model_name:
+        return name, wait, False
     own_live = name == tier.model_name
     if len(options) > 1 or not own_live:
         fallback = options[-1]
@@ -126,11 +145,11 @@ def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     )
 
 
-def load_gate(*, tier) -> tuple[str, float, bool]:
-    """The load part of admission alone: ``route(tier)`` then the hard cap and the tier's threshold. Raises
+def load_gate(*, tier, model_name: str = "") -> tuple[str, float, bool]:
+    """The load part of admission alone: ``route(tier, model_name)`` then the hard cap and the tier's threshold. Raises
     ``AdmissionRefused`` (``no_workers``/``busy``). Reads only cached figures, so a caller can refuse before
     opening a transaction; returns ``(model_name, expected_wait_s, degraded)``."""
-    model_name, wait, degraded = route(tier=tier)
+    model_name, wait, degraded = route(tier=tier, model_name=model_name)
     if wait > settings.ADMISSION_HARD_CAP_WAIT_S:
         raise AdmissionRefused(
             "busy",
@@ -146,23 +165,24 @@ def load_gate(*, tier) -> tuple[str, float, bool]:
     return model_name, wait, degraded
 
 
-def load_gate_for_user(*, user) -> tuple[str, float, bool]:
-    """:func:`load_gate` for ``user``'s tier (read through the 1 s cache). The WebSocket consumer runs it
+def load_gate_for_user(*, user, model_name: str = "") -> tuple[str, float, bool]:
+    """:func:`load_gate` for ``user``'s tier (and chosen ``model_name``, "" for the tier's routing) (read through the 1 s cache). The WebSocket consumer runs it
     off Channels' single database thread, so refusals under overload do not queue behind other clients'
     transactions."""
-    return load_gate(tier=load.cached_tier(user.tier_id))
+    return load_gate(tier=load.cached_tier(user.tier_id), model_name=model_name)
 
 
-def admission_check(*, user, prompt_tokens_bound: int | None = None) -> Admission:
+def admission_check(*, user, prompt_tokens_bound: int | None = None, model_name: str = "") -> Admission:
     """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
 
     ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
+    ``model_name``: the model the user chose (see :func:`route`), "" for the tier's routing.
     Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
     max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
     transaction the quota is only checked. Counts one request against the per-minute rate when the load
     and concurrency checks passed."""
     tier = user.tier
-    model_name, wait, degraded = load_gate(tier=tier)
+    model_name, wait, degraded = load_gate(tier=tier, model_name=model_name)
     if active_generation_count(user=user) >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",
