@@ -4,6 +4,8 @@ Refusals carry a protocol error code and, where waiting helps, ``retry_after`` i
 can show "busy, retrying in N s" and re-send the same frame (HTTP: 503/429 with ``Retry-After``). Checks, in
 order (the cheap fleet read first, so refusals under overload take milliseconds):
 
+0. **Model**: a model the user chose must be one of the tier's (``models_for_tier``) -> ``model_not_found``;
+   a chosen model is used as chosen (no degrading), "" follows the tier's routing below.
 1. **Load** (``conversations/load.py``): no live worker for the tier's models -> ``no_workers``; the
    expected wait above the hard cap ``ADMISSION_HARD_CAP_WAIT_S`` -> ``busy`` for everyone; above the
    tier's own ``admit_max_wait_s`` -> ``busy`` (free tiers have the lower threshold, so they are refused
@@ -41,7 +43,8 @@ TEMPLATE_TOKENS_PER_TURN = 8
 @dataclass
 class AdmissionRefused(Exception):
     """A generation was not admitted. ``code`` is a protocol error code (``busy``, ``no_workers``,
-    ``rate_limited``, ``quota_exceeded``, ``too_many_generations``); ``retry_after`` in seconds or None."""
+    ``rate_limited``, ``quota_exceeded``, ``too_many_generations``, ``model_not_found``); ``retry_after`` in
+    seconds or None."""
 
     code: str
     message: str
@@ -74,19 +77,32 @@ def _retry_after(wait_s: float, threshold_s: float) -> int:
     return int(min(300, max(settings.ADMISSION_RETRY_AFTER_S, math.ceil(wait_s - threshold_s))))
 
 
+def model_choice(*, tier, model_name: str) -> str:
+    """``model_name`` when ``tier`` may use it (one of ``models_for_tier``, the tier routing the API uses
+    too), ``""`` for ``""`` (the tier's routing). Raises ``AdmissionRefused("model_not_found")``."""
+    if model_name and model_name not in models_for_tier(tier):
+        raise AdmissionRefused(
+            "model_not_found",
+            f"The model {model_name!r} is not available on the {tier.display_name or tier.name} plan.",
+        )
+    return model_name
+
+
 def route(*, tier, model_name: str | None = None) -> tuple[str, float, bool]:
     """``(model_name, expected_wait_s, degraded)`` for a new request of ``tier``: its own model, or its
     ``degrade_to_model`` while the own model's wait is above ``degrade_after_wait_s`` (or it has no worker)
-    and the fallback's wait is lower. Raises ``AdmissionRefused("no_workers")`` when neither is served.
+    and the fallback's wait is lower.
 
-    ``model_name``: the model a client named (the API's ``model``); None or the tier's own model routes as
-    above, another of the tier's models (its ``degrade_to_model``, asked for by name) is served by that
-    model only, never degraded. The caller has checked that ``tier`` may use it."""
-    if model_name and model_name != tier.model_name:
-        wait = load.expected_wait_s(tier=tier, model_name=model_name)
+    ``model_name``: a model the user chose on the page, or another than the tier's own that an API client
+    named (``conversations.completions``); it is used as chosen, never degraded. None or ``""``: the tier's
+    routing as above. Raises ``AdmissionRefused`` ``model_not_found`` (not one of the tier's models) or
+    ``no_workers`` (no live worker serves it, or none of the tier's models)."""
+    if model_name:
+        name = model_choice(tier=tier, model_name=model_name)
+        wait = load.expected_wait_s(tier=tier, model_name=name)
         if wait is None:
             raise _no_workers()
-        return model_name, wait, False
+        return name, wait, False
     options = []
     for name in models_for_tier(tier):
         wait = load.expected_wait_s(tier=tier, model_name=name)
@@ -169,12 +185,12 @@ def refresh_tier(user) -> None:
     user.tier = load.current_tier(user.pk)
 
 
-def load_gate_for_user(*, user) -> tuple[str, float, bool]:
-    """:func:`load_gate` for ``user``'s current tier (:func:`refresh_tier`, read through the 1 s cache). The
-    WebSocket consumer runs it off Channels' single database thread, so refusals under overload do not queue
-    behind other clients' transactions."""
+def load_gate_for_user(*, user, model_name: str = "") -> tuple[str, float, bool]:
+    """:func:`load_gate` for ``user``'s current tier (:func:`refresh_tier`, read through the 1 s cache) and
+    chosen ``model_name`` (``""``: the tier's routing). The WebSocket consumer runs it off Channels' single
+    database thread, so refusals under overload do not queue behind other clients' transactions."""
     refresh_tier(user)
-    return load_gate(tier=user.tier)
+    return load_gate(tier=user.tier, model_name=model_name)
 
 
 def admission_check(
@@ -183,6 +199,7 @@ def admission_check(
     """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
 
     ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
+    ``model_name``: the model the user chose (see :func:`route`), "" for the tier's routing.
     Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
     max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
     transaction the quota is only checked. Counts one request against the per-minute rate when the load

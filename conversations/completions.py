@@ -42,14 +42,18 @@ def completion_request(
     system_prompt = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     turns = [m for m in messages if m["role"] != "system"]
     first_user = next((m["content"] for m in turns if m["role"] == "user"), "")
+    # An OpenAI client names a model in every request: naming the tier's own model asks for the tier's routing
+    # (it may be answered by the degrade_to_model under load, and the response's ``model`` says so); naming
+    # another of the tier's models pins it, as a choice on the page does.
+    routed = None if model == user.tier.model_name else model
     # Refuse under overload before opening a transaction (cached figures only), as the chat does.
-    load_gate(tier=user.tier, model_name=model)
+    load_gate(tier=user.tier, model_name=routed)
     with transaction.atomic():
         # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
         admission = generations._admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages]),
-            model_name=model,
+            model_name=routed,
         )
         conversation = Conversation.objects.create(
             owner=user,

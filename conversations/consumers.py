@@ -199,7 +199,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         elif isinstance(frame, EditFrame):
             await self.watch_ticket(
                 await database_sync_to_async(generations.reply_edit)(
-                    user=self.user, message_id=frame.message_id, content=frame.content
+                    user=self.user, message_id=frame.message_id, content=frame.content, model=frame.model
                 )
             )
         elif isinstance(frame, ContinueFrame):
@@ -221,21 +221,24 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             pass
         await database_sync_to_async(admission.refresh_tier, thread_sensitive=False)(self.user)
 
-    async def admission_gate(self):
-        # Refuse under overload in milliseconds: from the 1 s cache right here on the event loop, else on a
-        # worker thread (thread_sensitive=False: not queued behind other clients' database work).
+    async def admission_gate(self, model: str | None = None):
+        # Refuse under overload (or a model the plan does not offer) in milliseconds: from the 1 s cache
+        # right here on the event loop, else on a worker thread (thread_sensitive=False: not queued behind
+        # other clients' database work). A conversation's remembered model is checked in the service.
         try:
             with load.cached_only():
-                admission.load_gate_for_user(user=self.user)
+                admission.load_gate_for_user(user=self.user, model_name=model or "")
             return
         except load.CacheMiss:
             pass
-        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(user=self.user)
+        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(
+            user=self.user, model_name=model or ""
+        )
 
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
         if frame.client_id is None:  # a resend with a client_id may be answered from its stored ticket first
-            await self.admission_gate()
+            await self.admission_gate(frame.model)
         # The root span of the reply's trace; the Celery task carries its context to the worker.
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
             ticket = await database_sync_to_async(generations.reply_request)(
@@ -243,15 +246,16 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 conversation_id=frame.conversation_id,
                 content=frame.content,
                 client_id=frame.client_id,
+                model=frame.model,
             )
         if not ticket.duplicate:
             self.sent_at[ticket.message.id] = started
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
-        await self.admission_gate()
+        await self.admission_gate(frame.model)
         ticket = await database_sync_to_async(generations.reply_regenerate)(
-            user=self.user, conversation_id=frame.conversation_id
+            user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)
 

@@ -28,12 +28,18 @@ from conversations.admission import (
     AdmissionRefused,
     admission_check,
     load_gate,
+    model_choice,
     prompt_tokens_upper_bound,
 )
 from conversations.models import Conversation, Message
 from conversations.selectors import conversation_get_for_user, message_get_for_user
-from conversations.services import conversation_create, message_create, title_from_content
-from inference.registry import declare_queue, queue_for, task_priority
+from conversations.services import (
+    conversation_create,
+    conversation_set_model,
+    message_create,
+    title_from_content,
+)
+from inference.registry import declare_queue, models_for_tier, queue_for, task_priority
 from observability import tracing
 from observability.logs import current_field
 
@@ -133,6 +139,21 @@ def _admit(*, user, prompt_tokens_bound: int | None = None, model_name: str | No
     return admission
 
 
+def _chosen_model(*, user, conversation: Conversation, model: str | None) -> str:
+    """The model for a reply in ``conversation``: ``model`` from the frame when given (validated against
+    the tier's models, then remembered on the conversation; "" = the tier's routing), else the
+    conversation's remembered choice while the tier still offers it. Raises
+    ``AdmissionRefused("model_not_found")`` for a model the tier may not use."""
+    if model is not None:
+        conversation_set_model(
+            conversation=conversation, model_name=model_choice(tier=user.tier, model_name=model)
+        )
+        return model
+    if conversation.model_name in models_for_tier(user.tier):
+        return conversation.model_name
+    return ""
+
+
 def _refuse_if_busy(conversation: Conversation) -> None:
     if conversation.messages.filter(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES).exists():
         raise GenerationError(
@@ -192,7 +213,9 @@ def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
     return ReplyTicket(message=assistant, user_message_id=user_message.id, position=position, duplicate=True)
 
 
-def reply_request(*, user, conversation_id: int | None, content: str, client_id=None) -> ReplyTicket:
+def reply_request(
+    *, user, conversation_id: int | None, content: str, client_id=None, model: str | None = None
+) -> ReplyTicket:
     """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
     task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
 
@@ -200,9 +223,14 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
     already stored, nothing new is stored and its ticket comes back with ``duplicate=True``; the unique
     constraints settle two resends racing each other.
 
+    ``model``: the model the user picked on the page, one of the tier's (``models_for_tier``); "" = the
+    tier's routing; None = the conversation's remembered choice. A given ``model`` is remembered on the
+    conversation for its later replies (see :func:`_chosen_model`).
+
     Raises ``GenerationError("invalid_request")`` for empty/too long content,
     ``GenerationError("context_too_long")`` when it cannot fit the plan's context (the real limit in tokens
-    and words), ``ConversationNotFound``, ``AdmissionRefused`` (nothing stored in any case).
+    and words), ``ConversationNotFound``, ``AdmissionRefused`` (``model_not_found`` for a model the tier
+    may not use; nothing stored in any case).
     """
     if not (content or "").strip():
         raise GenerationError("invalid_request", "The message is empty.")
@@ -210,7 +238,9 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
         existing = _ticket_for_client_id(user=user, client_id=client_id)
         if existing is not None:
             return existing
-    load_gate(tier=user.tier)  # refuse under overload before opening a transaction (cached figures only)
+    # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
+    # (cached figures only).
+    load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
     try:
         with tracing.span("db.transaction"), transaction.atomic():
             if conversation_id is None:
@@ -226,6 +256,7 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
             admission = _admit(
                 user=user,
                 prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+                model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
             user_message = message_create(
                 conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
@@ -239,12 +270,13 @@ def reply_request(*, user, conversation_id: int | None, content: str, client_id=
     return _ticket(assistant, user_message_id=user_message.id, admission=admission)
 
 
-def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
+def reply_regenerate(*, user, conversation_id: int, model: str | None = None) -> ReplyTicket:
     """Answer the active branch's last user message again: a new queued reply becomes a sibling of the
     last reply (finished in any state), which is kept to flip back to; when the branch ends with a user
-    message that has no reply, queue one for it.
+    message that has no reply, queue one for it. ``model`` as for :func:`reply_request`.
 
-    Raises ``GenerationError`` when there is nothing to answer or a reply is still active.
+    Raises ``GenerationError`` when there is nothing to answer or a reply is still active,
+    ``AdmissionRefused``.
     """
     with tracing.span("db.transaction"), transaction.atomic():
         conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
@@ -259,15 +291,18 @@ def reply_regenerate(*, user, conversation_id: int) -> ReplyTicket:
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
         admission = _admit(
-            user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
+            user=user,
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
+            model_name=_chosen_model(user=user, conversation=conversation, model=model),
         )
         assistant = _queue_reply(conversation=conversation, parent=parent, admission=admission)
     return _ticket(assistant, user_message_id=None, admission=admission)
 
 
-def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
+def reply_edit(*, user, message_id: int, content: str, model: str | None = None) -> ReplyTicket:
     """Edit a sent user message: a new user message with ``content`` becomes a sibling of it (same parent),
-    gets a new queued reply, and their branch becomes the active one; the old branch is kept.
+    gets a new queued reply, and their branch becomes the active one; the old branch is kept. ``model`` as
+    for :func:`reply_request`.
 
     Raises ``MessageNotFound``, ``GenerationError`` (not a user message, bad content, a reply still
     active), ``AdmissionRefused``; nothing is stored then.
@@ -282,6 +317,7 @@ def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
         admission = _admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+            model_name=_chosen_model(user=user, conversation=conversation, model=model),
         )
         edited = message_create(
             conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
@@ -292,7 +328,8 @@ def reply_edit(*, user, message_id: int, content: str) -> ReplyTicket:
 
 def reply_continue(*, user, message_id: int) -> ReplyTicket:
     """Continue a reply that stopped at the length limit (``finish_reason == "length"``) and is the
-    active leaf: a new queued reply follows it, with the cut reply as the last turn of its context.
+    active leaf: a new queued reply follows it, with the cut reply as the last turn of its context, on the
+    conversation's chosen model.
 
     Raises ``MessageNotFound``, ``GenerationError`` (not a cut-off last reply), ``AdmissionRefused``.
     """
@@ -306,7 +343,9 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
         if conversation.active_leaf_id != cut.pk:
             raise GenerationError("invalid_request", "Only the last reply can be continued.")
         admission = _admit(
-            user=user, prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation)
+            user=user,
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
+            model_name=_chosen_model(user=user, conversation=conversation, model=None),
         )
         assistant = _queue_reply(conversation=conversation, parent=cut, admission=admission)
     return _ticket(assistant, user_message_id=None, admission=admission)

@@ -14,6 +14,10 @@ class Conversation(models.Model):
     )
     title = models.CharField(max_length=200, blank=True, default="")
     system_prompt = models.TextField(blank=True, default="")
+    # The model the user picked on the page for this conversation's replies (one of the tier's models,
+    # ``inference.registry.models_for_tier``); "" follows the tier's routing (its own model, degraded to the
+    # lighter one under load). A choice the tier no longer offers is treated as "".
+    model_name = models.CharField(max_length=100, blank=True, default="")
     # The newest message of the branch on screen; the active path is its chain of parents (one recursive
     # query, see selectors.active_path). Null only for a conversation without messages.
     active_leaf = models.ForeignKey(

@@ -48,6 +48,9 @@ def _uuid_text(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_clean_text)]
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+#: A registered model's name as the page lists it ("" = the tier's routing); which names a user may pick is
+#: checked against their tier by admission control (``model_not_found``), not here.
+ModelName = Annotated[str, Field(max_length=100), AfterValidator(_clean_text)]
 ClientId = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_uuid_text)]
 
 
@@ -57,12 +60,15 @@ class _Frame(BaseModel):
 
 class SendFrame(_Frame):
     """Send a user message; ``conversation_id`` None starts a new conversation. ``client_id`` (a UUID the
-    page chooses per message) makes a resend idempotent: the same id answers with the stored ticket."""
+    page chooses per message) makes a resend idempotent: the same id answers with the stored ticket.
+    ``model``: the model picked on the page for this conversation ("" = the tier's routing; left out =
+    keep the conversation's choice)."""
 
     type: Literal["send"]
     conversation_id: Id | None = None
     content: Text
     client_id: ClientId | None = None
+    model: ModelName | None = None
 
 
 class StopFrame(_Frame):
@@ -81,18 +87,21 @@ class ResumeFrame(_Frame):
 
 
 class RegenerateFrame(_Frame):
-    """Replace the conversation's last reply with a new one."""
+    """Answer the last user message again (the old reply is kept as a sibling); ``model`` as for ``send``."""
 
     type: Literal["regenerate"]
     conversation_id: Id
+    model: ModelName | None = None
 
 
 class EditFrame(_Frame):
-    """Edit a sent user message: a sibling branch with ``content`` and a new reply."""
+    """Edit a sent user message: a sibling branch with ``content`` and a new reply; ``model`` as for
+    ``send``."""
 
     type: Literal["edit"]
     message_id: Id
     content: Text
+    model: ModelName | None = None
 
 
 class ContinueFrame(_Frame):

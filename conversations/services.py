@@ -51,6 +51,16 @@ def conversation_set_system_prompt(*, conversation: Conversation, system_prompt:
     return conversation
 
 
+def conversation_set_model(*, conversation: Conversation, model_name: str) -> Conversation:
+    """Remember the model the user picked for this conversation's replies ("" = the tier's routing). The
+    caller has checked that the user's tier may use it (``admission.model_choice``). The sidebar order is
+    left alone."""
+    if conversation.model_name != model_name:
+        conversation.model_name = model_name
+        Conversation.objects.filter(pk=conversation.pk).update(model_name=model_name)
+    return conversation
+
+
 def conversation_delete(*, conversation: Conversation) -> None:
     """Delete a conversation and its messages (usage records keep their counts; their message link is cleared)."""
     conversation.delete()

@@ -24,6 +24,7 @@ def _wants_json(request) -> bool:
 
 def _render_chat(request, conversation, *, focus_message_id=None):
     tier = request.user.tier
+    tier_models = models_for_tier(tier)
     path = (
         branches.active_path(
             conversation=conversation,
@@ -44,7 +45,12 @@ def _render_chat(request, conversation, *, focus_message_id=None):
         "ws_path": "/ws/chat/",
         "max_message_chars": settings.MAX_MESSAGE_CHARS,
         "prompt_budget_tokens": token_budget.prompt_budget_tokens(tier=tier),
-        "tier_models": models_for_tier(tier),
+        "tier_models": tier_models,
+        # The model picked for this conversation ("" = the tier's routing); a choice the tier no longer
+        # offers shows as "" (generations._chosen_model treats it the same way).
+        "chosen_model": conversation.model_name
+        if conversation and conversation.model_name in tier_models
+        else "",
         "page_config": {
             "backoff": tier_backoff(tier=tier),
             "maxChars": settings.MAX_MESSAGE_CHARS,

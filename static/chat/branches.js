@@ -26,17 +26,45 @@
       }
     }
 
+    const CONTROLS = ['branch-prev', 'branch-next', 'copy-message', 'edit-message', 'regenerate-button', 'continue-button'];
+
+    /** Where keyboard focus is in the list: {id, control} (or null), to put it back after a re-render. */
+    function focusedControl() {
+      const el = document.activeElement;
+      const msg = el && list.contains(el) ? el.closest('.message') : null;
+      if (!msg) return null;
+      return { id: msg.dataset.messageId, control: CONTROLS.find((c) => el.classList.contains(c)) };
+    }
+
+    function restoreFocus(where) {
+      if (!where || list.contains(document.activeElement)) return;
+      const msg = list.querySelector(`.message[data-message-id="${Number(where.id)}"]`);
+      const target = (msg && where.control && msg.querySelector(`.${where.control}:not([disabled])`))
+        || msg?.querySelector('.message-tools button:not([disabled])');
+      (target || list).focus();
+    }
+
     function replace({ html, hasOlder }) {
+      // A re-render (another tab's change, this tab's own branch switch echoed back) must not drop keyboard
+      // focus to the top of the page.
+      const where = focusedControl();
       list.innerHTML = html;
       Chat.render.hydrate(list);
       olderButton(hasOlder);
       onReplaced();
+      restoreFocus(where);
     }
 
-    /** Re-read the newest page of the active branch (after another tab changed it). */
+    let stale = false; // a re-read was skipped while a request ran: re-read once it is done
+
+    /** Re-read the newest page of the active branch (after another tab changed it, after a new branch). */
     async function reload() {
       if (!conversationId()) return;
-      replace(await fetchHtml(url('messages')));
+      const page = await fetchHtml(url('messages'));
+      // A message sent meanwhile is not in this page yet: replacing the list would drop its bubbles.
+      if (busy()) { stale = true; return; }
+      stale = false;
+      replace(page);
     }
 
     async function switchTo(messageId) {
@@ -90,7 +118,7 @@
     // Observe only after the first scroll to the bottom, so opening a chat does not page everything in.
     if (row && observer) setTimeout(() => observer.observe(row), 300);
 
-    return { reload, switchTo, loadOlder };
+    return { reload, switchTo, loadOlder, isStale: () => stale, markStale: () => { stale = true; } };
   }
 
   Chat.branches = { init };

@@ -12,7 +12,7 @@
   const els = {
     list: $('#message-list'), stop: $('#stop-button'), send: $('#send-button'), conn: $('#connection-status'),
     queue: $('#queue-status'), queueText: $('#queue-status .queue-text'), queueCancel: $('#queue-status .queue-cancel'),
-    banner: $('#chat-banner'), title: $('#conversation-title'),
+    banner: $('#chat-banner'), title: $('#conversation-title'), model: $('#model-select'),
   };
   const pageConfig = JSON.parse($('#chat-config')?.textContent || '{}');
   const cfg = {
@@ -70,13 +70,17 @@
 
   /** Regenerate/Retry and Continue only on the last message, only while nothing runs. */
   function refreshControls() {
+    render.joinContinuations(els.list);
     const isBusy = busy();
     els.send.disabled = isBusy;
     els.stop.hidden = !isBusy;
     els.stop.disabled = Boolean(state.active?.stopping);
+    // The buttons are rebuilt; keyboard focus on one of them stays on its replacement.
+    const focusedCls = ['regenerate-button', 'continue-button'].find((c) => document.activeElement?.classList.contains(c));
     $$('.regenerate-button, .continue-button', els.list).forEach((b) => b.remove());
     $$('.branch-nav button', els.list).forEach((b) => { b.classList.toggle('locked', isBusy); });
     const last = lastMessage();
+    if (isBusy && focusedCls) $('#composer').focus(); // the pressed button is gone while the reply runs
     if (isBusy || !last || !state.conversationId || !last.dataset.messageId) return;
     const isAssistant = last.classList.contains('assistant');
     if (isAssistant ? !FINAL.has(last.dataset.status) : !last.classList.contains('user')) return;
@@ -88,6 +92,21 @@
     }
     button('regenerate-button',
       (!isAssistant || ['failed', 'interrupted'].includes(last.dataset.status)) ? 'Retry' : 'Regenerate');
+    if (focusedCls) $(`.${focusedCls}`, actions)?.focus();
+  }
+
+  // ---------- Model choice ----------
+  // Only a plan with several models has the picker. Its value rides on send/edit/regenerate ("" = the
+  // plan's routing); the server validates it and remembers it on the conversation, so a reload of the
+  // conversation shows it again. A new chat keeps an unsent choice in localStorage.
+  const MODEL_KEY = 'chatsite.newChatModel';
+  const withModel = (frame) => (els.model ? { ...frame, model: els.model.value } : frame);
+  if (els.model) {
+    const saved = !state.conversationId && localStorage.getItem(MODEL_KEY);
+    if (saved && [...els.model.options].some((o) => o.value === saved)) els.model.value = saved;
+    els.model.addEventListener('change', () => {
+      if (!state.conversationId) localStorage.setItem(MODEL_KEY, els.model.value);
+    });
   }
 
   // ---------- Requests ----------
@@ -123,13 +142,13 @@
       hidden.forEach((el) => { el.hidden = true; });
       userEl = addMessage('user', null, 'pending');
       $('.content', userEl).textContent = text;
-      request({ type: 'edit', message_id: Number(editId), content: text },
+      request(withModel({ type: 'edit', message_id: Number(editId), content: text }),
         { text, userEl, hidden, retry: () => retryText(text, editId) });
     } else {
       userEl = addMessage('user', null, 'pending');
       $('.content', userEl).textContent = text;
       // client_id: the idempotency key, so a resend after a dropped connection never stores it twice.
-      request({ type: 'send', conversation_id: state.conversationId, content: text, client_id: newClientId() },
+      request(withModel({ type: 'send', conversation_id: state.conversationId, content: text, client_id: newClientId() }),
         { text, userEl, retry: () => retryText(text) });
     }
     return true;
@@ -142,7 +161,7 @@
     const last = lastMessage();
     const replaces = last?.classList.contains('assistant') ? last : null;
     if (replaces) replaces.hidden = true; // kept on the server as a sibling: ‹ › flips back to it
-    request({ type: 'regenerate', conversation_id: state.conversationId },
+    request(withModel({ type: 'regenerate', conversation_id: state.conversationId }),
       { hidden: replaces ? [replaces] : [], retry: regenerate });
   }
 
@@ -244,6 +263,7 @@
       (p.hidden || []).forEach((el) => el.remove());
       setConversation(m.conversation_id, m.title);
       const el = addMessage('assistant', m.message_id, 'queued');
+      el.dataset.model = m.model || '';
       render.setOmitted(el, m.omitted_messages);
       startActive(el, m.message_id);
       // A new branch (edit, regenerate): once it is done, re-read the branch for its "‹ n/m ›" switchers.
@@ -275,7 +295,7 @@
       const el = messageById(m.message_id);
       if (!el) return;
       const stick = nearBottom();
-      const reload = state.active?.id === m.message_id && state.active.reloadOnDone;
+      const reload = (state.active?.id === m.message_id && state.active.reloadOnDone) || branches.isStale();
       if (state.active?.id === m.message_id) endActive();
       render.finish(el, m);
       if (stick) scrollToBottom();
@@ -297,8 +317,9 @@
       }
       if (p && !state.active) {
         abandonPending();
-        // A message too long for the plan cannot succeed by retrying: no Retry button for it.
-        showBanner(m.message || 'The message could not be sent.', m.code === 'context_too_long' || m.code === 'invalid_request' ? null : p.retry);
+        // A message too long for the plan (or a model it does not offer) cannot succeed by retrying.
+        const final = ['context_too_long', 'invalid_request', 'model_not_found'].includes(m.code);
+        showBanner(m.message || 'The message could not be sent.', final ? null : p.retry);
         return;
       }
       if (state.active?.stopping) { state.active.stopping = false; refreshControls(); }
@@ -310,8 +331,9 @@
       if (m.kind === 'deleted') { sidebar.remove(m.conversation_id); return; }
       if (m.kind !== 'messages') return;
       sidebar.upsert(m.conversation_id, m.title, { toTop: true, current: m.conversation_id === state.conversationId });
-      if (m.conversation_id === state.conversationId && !busy()) {
-        branches.reload().then(adoptActiveFromList).catch(() => {});
+      if (m.conversation_id === state.conversationId) {
+        if (busy()) branches.markStale(); // re-read when this tab's own request is done
+        else branches.reload().then(adoptActiveFromList).catch(() => {});
       }
     },
     session_ended() { setConn('closed'); },
@@ -327,6 +349,7 @@
       if (!a) return;
       const stick = nearBottom();
       render.markdown($('.content', a.el), a.text, false);
+      if (a.el.classList.contains('continuation')) render.joinContinuations(els.list); // shown in its head
       if (stick) scrollToBottom();
     });
   }
@@ -390,7 +413,7 @@
     const t = e.target;
     const msg = t.closest('.message');
     if (t.closest('.copy-button')) render.copyText(t.closest('pre')?.querySelector('code')?.textContent ?? '', t);
-    else if (t.closest('.copy-message')) render.copyText($('.content', msg).dataset.raw ?? $('.content', msg).textContent, t);
+    else if (t.closest('.copy-message')) render.copyText(render.replyText(msg), t); // a continued reply: all of it
     else if (t.closest('.edit-message')) {
       if (busy()) { showBanner('Wait for the reply to finish (or stop it) before editing.'); return; }
       composer.startEdit(msg.dataset.messageId, $('.content', msg).dataset.raw ?? $('.content', msg).textContent);

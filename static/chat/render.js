@@ -46,9 +46,10 @@
     });
   }
 
-  /** Render `text` as sanitized markdown into `contentEl`; the raw text is kept for "Copy". */
-  function markdown(contentEl, text, final) {
-    contentEl.dataset.raw = text;
+  /** Render `text` as sanitized markdown into `contentEl`; the raw text is kept for "Copy" (unless
+   * `keepRaw`: a reply showing its continuations' text too keeps its own). */
+  function markdown(contentEl, text, final, keepRaw = false) {
+    if (!keepRaw) contentEl.dataset.raw = text;
     if (!canRender) { contentEl.textContent = text; return; }
     autoDetect = final;
     contentEl.innerHTML = window.DOMPurify.sanitize(md.parse(text), {
@@ -145,8 +146,57 @@
     if (m.usage?.completion_tokens) parts.push(`${m.usage.completion_tokens} tokens`);
     if (m.ttft_ms != null) parts.push(`first token ${m.ttft_ms} ms`);
     if (m.duration_ms != null) parts.push(`${(m.duration_ms / 1000).toFixed(1)} s`);
+    if (el.dataset.model) parts.push(el.dataset.model); // the model that answered
     if (parts.length) $('.meta', el).textContent = parts.join(' · ');
     addTools(el);
+  }
+
+  /* Continue: the server stores a continued reply as its own message, a child of the reply cut at the length
+   * limit (so branches, regenerate and context work as for any reply). On the page the chain reads as one
+   * reply: the first bubble shows the joined text of itself and its continuations, each continuation keeps
+   * its own text hidden (for streaming and Copy) and shows only its status, meta and tools underneath. */
+  const isCut = (el) => el?.matches('.message.assistant[data-finish-reason="length"]:not([hidden])');
+  const shownBefore = (el) => {
+    let p = el.previousElementSibling;
+    while (p && p.hidden) p = p.previousElementSibling;
+    return p;
+  };
+
+  /** The bubbles of the reply `el` belongs to, head first (just `[el]` when it was never continued). */
+  function chainOf(el) {
+    let head = el;
+    while (head.classList.contains('assistant') && isCut(shownBefore(head))) head = shownBefore(head);
+    const chain = [head];
+    for (let n = head; isCut(n);) {
+      n = n.nextElementSibling;
+      while (n && n.hidden) n = n.nextElementSibling;
+      if (!n || !n.classList.contains('assistant')) break;
+      chain.push(n);
+    }
+    return chain;
+  }
+
+  /** The whole reply's text (what "Copy" on any of its bubbles copies). */
+  const replyText = (el) => chainOf(el).map((m) => $('.content', m).dataset.raw ?? $('.content', m).textContent).join('');
+
+  /** Mark continued/continuation bubbles under `root` and show each chain's joined text in its head. */
+  function joinContinuations(root) {
+    for (const el of Chat.$$('.message.continued, .message.continuation', root)) {
+      el.classList.remove('continued', 'continuation');
+    }
+    for (const head of Chat.$$('.message.assistant', root)) {
+      if (head.hidden || isCut(shownBefore(head))) continue;
+      const chain = chainOf(head);
+      if (chain.length < 2) continue;
+      chain.slice(0, -1).forEach((m) => m.classList.add('continued'));
+      chain.slice(1).forEach((m) => m.classList.add('continuation'));
+      const final = Chat.FINAL.has(chain[chain.length - 1].dataset.status);
+      const content = $('.content', head);
+      markdown(content, replyText(head), final, true);
+      // The continuation's own text is hidden: its stream is read out where it shows, in the head.
+      if (final) { content.removeAttribute('aria-live'); content.setAttribute('aria-busy', 'false'); }
+      else { content.setAttribute('aria-live', 'polite'); content.setAttribute('aria-busy', 'true'); }
+    }
   }
 
   /** Render every server-rendered bubble under `root` (page load, a fetched page of messages). */
@@ -161,5 +211,7 @@
     }
   }
 
-  Chat.render = { markdown, copyText, bubble, setOmitted, setStatusLine, finish, hydrate, addTools };
+  Chat.render = {
+    markdown, copyText, bubble, setOmitted, setStatusLine, finish, hydrate, addTools, joinContinuations, replyText,
+  };
 })();

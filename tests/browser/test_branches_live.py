@@ -91,3 +91,30 @@ def test_a_second_tab_shows_new_messages_and_renames(open_page, alice, short_rep
         "() => document.getElementById('conversation-title').textContent === 'Renamed in tab one'"
     )
     assert Conversation.objects.get(pk=conversation.pk).title == "Renamed in tab one"
+
+
+def test_continue_appends_to_the_same_reply_bubble(open_page, alice, short_replies):
+    conversation = seed_conversation(alice, "Story", [("user", "Tell a long story about a fox.")])
+    cut = Message.objects.create(
+        conversation=conversation,
+        parent=conversation.active_leaf,
+        role="assistant",
+        content="Once upon a time",
+        finish_reason="length",
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(active_leaf=cut)
+    Message.objects.filter(pk=cut.parent_id).update(active_child=cut)
+    page = open_page(alice)
+    page.goto(f"/chat/{conversation.id}/")
+    page.locator("#connection-status[data-state=open]").wait_for()
+    page.click(".continue-button")
+    page.locator(".message.assistant.continuation[data-status=completed]").wait_for(timeout=120_000)
+    continuation = Message.objects.get(conversation=conversation, parent=cut)
+    assert continuation.role == "assistant" and continuation.content
+    for _ in range(2):  # live, then after a reload
+        assert page.locator(".message.assistant .role:visible").count() == 1
+        [text] = page.locator(".message.assistant .content:visible").all_inner_texts()
+        assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+        assert page.locator(".message.assistant.continuation").count() == 1
+        page.reload()
+        page.locator("#connection-status[data-state=open]").wait_for()
