@@ -14,6 +14,7 @@ class Command(BaseCommand):
         "Measure the overhead of metrics + tracing on decode throughput: N requests (128-token prompts, "
         "exactly --new-tokens each, greedy) per round, rounds alternating off/on."
     )
+    _collector_registered = False
 
     def add_arguments(self, parser):
         parser.add_argument("--n", type=int, default=32)
@@ -59,6 +60,11 @@ class Command(BaseCommand):
             )
         off, on = statistics.median(results["off"]), statistics.median(results["on"])
         self.stdout.write(f"overhead: {(off - on) / off * 100:+.2f} % (median off vs on; N={n})")
+        paired = [(a - b) / a * 100 for a, b in zip(results["off"], results["on"], strict=True)]
+        self.stdout.write(
+            f"overhead per round (off then on): median {statistics.median(paired):+.2f} % "
+            f"[{min(paired):+.2f} to {max(paired):+.2f}]"
+        )
 
     def micro(self, *, rounds: int, new_tokens: int, tokens_per_s: float, cores: int) -> None:
         """CPU cost of the adapter's observability per token (ITL observation) and per reply (finish
@@ -132,7 +138,7 @@ class Command(BaseCommand):
         """Submit every prompt at once; returns generated tokens per second of wall time."""
         from prometheus_client import REGISTRY, generate_latest
 
-        from observability.metrics import ReplyTimer, register_engine
+        from observability.metrics import EngineCollector, ReplyTimer, StepMetrics
 
         total = [0]
         lock = threading.Lock()
@@ -166,8 +172,17 @@ class Command(BaseCommand):
             while not stop.wait(1.0):
                 generate_latest(REGISTRY)
 
+        listener = None
         if tracer:
-            register_engine(type("Host", (), {"engine": engine, "model_name": "bench"})())
+            # The engine gauges (read only when scraped) and, for this round only, the per-step histograms:
+            # "off" rounds run with no observability at all.
+            if not self._collector_registered:
+                REGISTRY.register(
+                    EngineCollector(type("Host", (), {"engine": engine, "model_name": "bench"})())
+                )
+                self._collector_registered = True
+            listener = StepMetrics(model="bench")
+            engine.add_step_listener(listener)
             threading.Thread(target=scrape, daemon=True).start()
         started = time.perf_counter()
         threads = []
@@ -180,4 +195,6 @@ class Command(BaseCommand):
             thread.join()
         elapsed = time.perf_counter() - started
         stop.set()
+        if listener is not None:
+            engine.remove_step_listener(listener)
         return total[0] / elapsed
