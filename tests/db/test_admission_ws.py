@@ -8,7 +8,7 @@ from django.conf import settings
 
 from conversations.models import Conversation, Message
 from tests.db.conftest import fake_worker, publish_worker
-from tests.db.test_consumer import open_socket
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.real_fleet]
 

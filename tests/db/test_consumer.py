@@ -6,13 +6,12 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.utils import timezone
 
-from chatsite.asgi import application
 from conversations import broadcast, generations
 from conversations.models import Message
+from tests.sockets import connect, open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -21,20 +20,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 def session_cookie(alice, client):
     client.force_login(alice)
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-
-
-def connect(cookie=None, origin=b"http://127.0.0.1:8000"):
-    headers = [(b"origin", origin), (b"host", b"127.0.0.1:8000")]
-    if cookie:
-        headers.append((b"cookie", cookie.encode()))
-    return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
-
-
-async def open_socket(cookie):
-    communicator = connect(cookie)
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
 
 
 async def test_anonymous_socket_is_closed(redis_clean):

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from conversations import generations
 from conversations.models import Message
-from tests.db.test_consumer import open_socket
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

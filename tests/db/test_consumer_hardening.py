@@ -10,14 +10,13 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
-from chatsite.asgi import application
 from conversations import generations
 from conversations.drills.hostile import hostile_frames
 from conversations.models import Conversation, Message
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -26,21 +25,6 @@ def cookie_for(user) -> tuple[Client, str]:
     client = Client()
     client.force_login(user)
     return client, f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-
-
-async def open_socket(cookie):
-    ws = WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"origin", b"http://127.0.0.1:8000"),
-            (b"host", b"127.0.0.1:8000"),
-            (b"cookie", cookie.encode()),
-        ],
-    )
-    connected, _ = await ws.connect()
-    assert connected
-    return ws
 
 
 def snapshot():

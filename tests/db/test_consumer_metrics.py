@@ -4,7 +4,8 @@ import pytest
 from channels.db import database_sync_to_async
 from prometheus_client import REGISTRY
 
-from tests.db.test_consumer import open_socket, session_cookie  # noqa: F401
+from tests.db.test_consumer import session_cookie  # noqa: F401
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

@@ -6,29 +6,16 @@ usual."""
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import connections
 
-from chatsite.asgi import application
 from conversations.consumers import CLOSE_TRY_AGAIN_LATER
 from conversations.drills.faults import database_cut, database_restore
 from tests.db.test_consumer_hardening import cookie_for
 from tests.live_stack import free_port
+from tests.sockets import connect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def communicator(cookie: str) -> WebsocketCommunicator:
-    return WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"origin", b"http://127.0.0.1:8000"),
-            (b"host", b"127.0.0.1:8000"),
-            (b"cookie", cookie.encode()),
-        ],
-    )
 
 
 @pytest.fixture
@@ -53,7 +40,7 @@ async def test_socket_opened_during_a_database_outage_is_told_unavailable_and_to
 ):
     _, cookie = await sync_to_async(cookie_for)(alice)
     await sync_to_async(database_down)()
-    ws = communicator(cookie)
+    ws = connect(cookie)
     connected, _ = await ws.connect(timeout=10)
     assert connected  # accepted, not a failed handshake (which the browser sees as 1006, no reason)
     frame = await ws.receive_json_from(timeout=10)
@@ -65,7 +52,7 @@ async def test_socket_opened_during_a_database_outage_is_told_unavailable_and_to
 
     await sync_to_async(database_restore)(settings.DATABASES["default"]["NAME"])
     await database_sync_to_async(connections.close_all)()  # the executor thread's session was ended too
-    ws = communicator(cookie)
+    ws = connect(cookie)
     connected, _ = await ws.connect(timeout=10)
     assert connected
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "after the outage"})
@@ -80,7 +67,7 @@ async def test_socket_opened_while_the_channel_layers_redis_is_down_is_told_to_t
     layer = {**settings.CHANNEL_LAYERS["default"]}
     layer["CONFIG"] = {**layer["CONFIG"], "hosts": [f"redis://127.0.0.1:{free_port()}/0"]}  # nothing listens
     settings.CHANNEL_LAYERS = {"default": layer}
-    ws = communicator(cookie)
+    ws = connect(cookie)
     connected, _ = await ws.connect(timeout=10)
     assert connected
     frame = await ws.receive_json_from(timeout=10)

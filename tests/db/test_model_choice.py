@@ -11,7 +11,7 @@ from django.urls import reverse
 from billing.models import Tier
 from conversations import load, services
 from conversations.models import Conversation, Message
-from tests.db.test_consumer import open_socket
+from tests.sockets import open_socket
 
 OWN = settings.INFERENCE_DEFAULT_MODEL
 LIGHT = "loaddrill"  # an alias registered by the test settings; idle_fleet announces a worker for it

@@ -6,12 +6,11 @@ import time
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from billing.models import Tier, UsageRecord
-from chatsite.asgi import application
 from conversations.models import Message
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -34,21 +33,6 @@ def reply_tokens(alice):
 def session_cookie(alice, client):
     client.force_login(alice)
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
-
-
-async def open_socket(cookie):
-    ws = WebsocketCommunicator(
-        application,
-        "/ws/chat/",
-        headers=[
-            (b"origin", b"http://127.0.0.1:8000"),
-            (b"host", b"127.0.0.1:8000"),
-            (b"cookie", cookie.encode()),
-        ],
-    )
-    connected, _ = await ws.connect()
-    assert connected
-    return ws
 
 
 async def receive(ws, timeout=120):
