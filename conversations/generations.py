@@ -415,6 +415,13 @@ def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int
     message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])
 
 
+def _storable(text: str) -> str:
+    """Generated ``text`` as PostgreSQL can store it: a model may sample a token that decodes to NUL
+    (byte-fallback vocabularies do), which a text column refuses and which would lose the whole reply;
+    it is stored as U+FFFD, the replacement character. (User input with NUL is refused at the door.)"""
+    return text.replace("\x00", "\ufffd")
+
+
 def generation_finish(
     *,
     message: Message,
@@ -434,7 +441,7 @@ def generation_finish(
             pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
         ).update(
             status=status,
-            content=text,
+            content=_storable(text),
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
@@ -491,7 +498,7 @@ def generations_reap_interrupted(
         with transaction.atomic():
             if Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
                 status=Message.Status.INTERRUPTED,
-                content=broadcast.stream_text(message_id),
+                content=_storable(broadcast.stream_text(message_id)),
                 error="The worker generating this reply stopped. Retry to generate it again.",
                 updated_at=timezone.now(),
             ):

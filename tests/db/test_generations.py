@@ -137,6 +137,22 @@ def test_finish_writes_once_and_records_usage(alice, redis_clean):
     assert UsageRecord.objects.count() == 1
 
 
+def test_generated_nul_is_stored_as_a_replacement_character_not_lost(alice, redis_clean):
+    # A model can sample a token that decodes to NUL; PostgreSQL text refuses it, which used to fail the write.
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generations.generation_start(message_id=ticket.message.id)
+    generations.generation_finish(message=message, status="completed", text="a\x00b", finish_reason="stop")
+    stored = Message.objects.get(pk=message.pk)
+    assert (stored.status, stored.content) == ("completed", "a\ufffdb")
+
+    ticket = generations.reply_request(user=alice, conversation_id=stored.conversation_id, content="again")
+    message = generations.generation_start(message_id=ticket.message.id)
+    broadcast.publish(message.id, broadcast.frame_token(message_id=message.id, seq=0, text="x\x00"))
+    assert generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
+    stored = Message.objects.get(pk=message.pk)
+    assert (stored.status, stored.content) == ("interrupted", "x\ufffd")
+
+
 def test_history_excludes_empty_replies_and_later_messages(alice, redis_clean):
     conversation = services.conversation_create(owner=alice, system_prompt="Be brief.")
     services.message_create(conversation=conversation, role="user", content="q1")
