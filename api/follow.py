@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -70,6 +71,44 @@ async def reply_frames(layer, channel: str, message_id: int) -> AsyncIterator[di
             pending.cancel()
 
 
+class _State:
+    """A subscription's flags, shared with its finalizer: ``ended`` (the reply's end was seen) and
+    ``closed`` (let go already; set once, under ``lock``)."""
+
+    __slots__ = ("closed", "ended", "lock")
+
+    def __init__(self) -> None:
+        self.ended = False
+        self.closed = False
+        self.lock = threading.Lock()
+
+
+def _let_go(state: _State, layer, channel: str, user, message_id: int, request_id: str) -> None:
+    """Cancel the reply unless it ended, leave its group, close this thread's connections; once per state."""
+    with state.lock:
+        if state.closed:
+            return
+        state.closed = True
+    with log_context(request_id=request_id, user_id=user.pk, message_id=message_id):
+        if not state.ended:
+            logger.info("client went away before the reply ended: cancelling it")
+            try:
+                completion_cancel(user=user, message_id=message_id)
+            except Exception:  # the reply may already be gone; the request is ending either way
+                logger.warning("could not cancel the reply", exc_info=True)
+        try:
+            async_to_sync(layer.group_discard)(broadcast.message_group(message_id), channel)
+        except Exception:  # the group membership expires on its own
+            logger.warning("could not leave the reply's group", exc_info=True)
+        close_request_connections()
+
+
+def _let_go_in_thread(state: _State, *args) -> None:
+    # Called by the garbage collector, possibly on the event loop: never block it with database work.
+    if not state.closed:
+        threading.Thread(target=_let_go, args=(state, *args), name="reply-let-go", daemon=True).start()
+
+
 class ReplySubscription:
     """A view's hold on one queued reply: the channel ``channel`` in the reply's group, and the duty to
     cancel the generation if the client goes away before the reply ended.
@@ -85,30 +124,32 @@ class ReplySubscription:
     def __init__(self, *, layer, channel: str, user, message_id: int, request_id: str = ""):
         self.layer, self.channel, self.user, self.message_id = layer, channel, user, message_id
         self.request_id = request_id
-        self.ended = False
-        self._closed = False
-        self._lock = threading.Lock()
+        # Shared with the finalizer below, which must not hold the subscription itself.
+        self._state = _State()
+        # Safety net: Django cancels a request whose client went away, and when that lands in the middleware
+        # after the view returned, the response (and this subscription) is dropped without being closed. The
+        # reply must not run on for nobody, so a subscription collected unclosed lets go in a thread.
+        self._finalizer = weakref.finalize(
+            self, _let_go_in_thread, self._state, layer, channel, user, message_id, request_id
+        )
+        self._finalizer.atexit = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether the view saw the reply's end (then closing does not cancel it)."""
+        return self._state.ended
+
+    @ended.setter
+    def ended(self, value: bool) -> None:
+        self._state.ended = value
+
+    @property
+    def _closed(self) -> bool:
+        return self._state.closed
 
     def close(self) -> None:
         """Let go of the reply (sync; run it in a thread, not on the event loop). Never raises."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        with log_context(request_id=self.request_id, user_id=self.user.pk, message_id=self.message_id):
-            if not self.ended:
-                logger.info("client went away before the reply ended: cancelling it")
-                try:
-                    completion_cancel(user=self.user, message_id=self.message_id)
-                except Exception:  # the reply may already be gone; the request is ending either way
-                    logger.warning("could not cancel the reply", exc_info=True)
-            try:
-                async_to_sync(self.layer.group_discard)(
-                    broadcast.message_group(self.message_id), self.channel
-                )
-            except Exception:  # the group membership expires on its own
-                logger.warning("could not leave the reply's group", exc_info=True)
-            close_request_connections()
+        _let_go(self._state, self.layer, self.channel, self.user, self.message_id, self.request_id)
 
     async def aclose(self) -> None:
         """:meth:`close` from the event loop, shielded: it runs to its end even while the calling task is

@@ -2,11 +2,15 @@
 
 import os
 
-# Model names of the fault drills' own (tests/integration/test_drills.py): aliases of the default weights, each
-# with a queue that only a drill's workers consume, so the shared test worker never serves their replies.
+# Model names of the fault drills' own (tests/integration/test_drills.py) and of the page tests that must see a
+# reply stay queued (tests/browser/test_chat_controls.py): aliases of the default weights, each with a queue
+# that the shared test worker never consumes.
 os.environ.setdefault(
     "INFERENCE_MODEL_ALIASES",
-    ",".join(f"{name}=smollm2-135m-instruct" for name in ("killdrill", "dbdrill", "redisdrill", "loaddrill")),
+    ",".join(
+        f"{name}=smollm2-135m-instruct"
+        for name in ("killdrill", "dbdrill", "redisdrill", "loaddrill", "page-own", "page-light")
+    ),
 )
 
 from .base import *  # noqa: E402,F401,F403

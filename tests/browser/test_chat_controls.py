@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict
 
 import pytest
-from django.conf import settings
 
 from billing.models import Tier
 from conversations import broadcast, services
@@ -22,8 +21,10 @@ from tests.browser.helpers import seed_conversation, wait_last_assistant
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-OWN = settings.INFERENCE_DEFAULT_MODEL
-LIGHT = "loaddrill"  # an alias registered by the test settings
+# Aliases of the default weights registered by the test settings, whose queues no test worker consumes (the
+# session's real worker serves the default model's queue and would stream these replies at once).
+OWN = "page-own"
+LIGHT = "page-light"
 
 
 @pytest.fixture
@@ -85,6 +86,7 @@ def tab_to(page, selector, *, back=False, limit=120):
 
 
 def test_every_main_action_is_reachable_with_the_keyboard_alone(open_page, alice, idle_workers):
+    Tier.objects.filter(name="free").update(model_name=OWN, degrade_to_model="")
     other = seed_conversation(alice, "Other chat", [("user", "Elsewhere"), ("assistant", "Quiet here.")])
     conversation = seed_conversation(
         alice, "Keys", [("user", "Name a fruit"), ("assistant", "Apple, first answer.")]
@@ -213,6 +215,7 @@ def test_plan_with_two_models_picks_one_that_answers_and_survives_reload(open_pa
 
 
 def test_plan_with_one_model_shows_it_without_a_picker(open_page, alice):
+    Tier.objects.filter(name="free").update(model_name=OWN, degrade_to_model="")
     page = open_page(alice)
     page.goto("/chat/")
     assert page.locator("#model-select").count() == 0

@@ -113,3 +113,40 @@ async def test_client_gone_with_its_request_leaves_no_reply_to_generate(alice, k
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "store": True}
     await hang_up(key, body, at="request")
     assert all(r["status"] == "cancelled" for r in await sync_to_async(replies_of)())
+
+
+def test_a_subscription_dropped_unclosed_still_cancels_its_reply(alice, redis_clean):
+    # Django cancels a request whose client left; landing in the middleware after the view returned, it drops
+    # the response without closing it. The subscription's finalizer lets go of the reply then.
+    import gc
+    import time
+
+    from api.follow import ReplySubscription
+    from conversations.completions import completion_request
+    from conversations.models import Message
+
+    reply = completion_request(
+        user=alice, model=MODEL, messages=[{"role": "user", "content": "hi"}], sampling={}, store=True
+    )
+    subscription = ReplySubscription(layer=None, channel="none", user=alice, message_id=reply.id)
+    del subscription
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while Message.objects.get(pk=reply.pk).status != "cancelled" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Message.objects.get(pk=reply.pk).status == "cancelled"
+
+
+def test_a_closed_subscription_is_not_let_go_twice_or_of_an_ended_reply(alice, redis_clean):
+    from api.follow import ReplySubscription
+    from conversations.completions import completion_request
+    from conversations.models import Message
+
+    reply = completion_request(
+        user=alice, model=MODEL, messages=[{"role": "user", "content": "hi"}], sampling={}, store=True
+    )
+    subscription = ReplySubscription(layer=None, channel="none", user=alice, message_id=reply.id)
+    subscription.ended = True  # the view saw the end: closing must not cancel
+    subscription.close()
+    del subscription
+    assert Message.objects.get(pk=reply.pk).status == "queued"
