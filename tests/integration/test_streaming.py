@@ -127,7 +127,10 @@ async def test_stop_keeps_partial_text_as_cancelled(celery_worker, session_cooki
 async def test_disconnect_and_resume_replays_and_continues(
     celery_worker, session_cookie, reply_tokens, redis_clean
 ):
-    await database_sync_to_async(reply_tokens)(60)
+    # Long enough that the reply is still streaming after the 1 s away even on an idle box (batch-1 decode
+    # reaches ~75 tokens/s there); a reply that ended meanwhile is answered with ``done`` alone (its
+    # content is the whole text), which is not what this test is about.
+    await database_sync_to_async(reply_tokens)(300)
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": LONG_PROMPT})
     message_id = (await receive(ws))["message_id"]
