@@ -203,6 +203,9 @@ class ApiMetricsMiddleware:
     """Counts requests under ``/v1/`` by status (sync and async views alike; Django middleware)."""
 
     prefix = "/v1/"
+    # Both: a sync-only middleware would put the chain in a thread and stop a disconnect's cancellation there.
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response):
         from asgiref.sync import iscoroutinefunction, markcoroutinefunction

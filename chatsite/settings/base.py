@@ -45,7 +45,7 @@ MIDDLEWARE = [
     # Outermost, so redirects and errors made by other middleware carry x-request-id too (issue 10).
     "api.middleware.request_id_middleware",
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "chatsite.static_files.AsyncWhiteNoiseMiddleware",  # WhiteNoise, async-capable: the chain stays async
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
