@@ -285,7 +285,13 @@ def test_drained_worker_finishes_its_replies_while_new_ones_go_elsewhere(blue_gr
     blue, green = workers["blue"], workers["green"]
     blue_status = fleet_status("blue")
     Tier.objects.filter(name="free").update(max_reply_tokens=64)
-    first = queue_replies(users, 4)
+    # Pinned to blue (its version queue), so blue certainly runs them: on the shared queue green or the
+    # session's worker could take all four (each prefetches up to its task threads).
+    call_command("rollout", MODEL, "--to", "blue", "--percent", "100", "--stable", "green")
+    try:
+        first = queue_replies(users, 4)
+    finally:
+        ModelRollout.objects.all().delete()
     deadline = time.monotonic() + 120
     while not (
         fleet_status("blue").active_replies
