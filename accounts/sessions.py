@@ -26,6 +26,18 @@ from conversations import broadcast
 logger = logging.getLogger(__name__)
 
 
+def session_cookie_for(user) -> str:
+    """A new signed-in session for ``user`` (the session store of ``SESSION_ENGINE``, as a log-in through
+    ``ModelBackend`` would write it); returns the ``Cookie`` header value ``"<SESSION_COOKIE_NAME>=<key>"``.
+    For the load and drill commands, which sign in many users without their passwords."""
+    session = import_module(settings.SESSION_ENGINE).SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return f"{settings.SESSION_COOKIE_NAME}={session.session_key}"
+
+
 def session_fingerprint(session_key: str | None) -> str:
     """A digest naming a session in channel-layer events without spreading its key ("" for none)."""
     return hashlib.sha256(session_key.encode()).hexdigest()[:32] if session_key else ""

@@ -9,11 +9,10 @@ import time
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
-from django.contrib.sessions.backends.db import SessionStore
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, close_old_connections
 
+from accounts.sessions import session_cookie_for
 from billing.models import Tier
 from conversations.models import Message
 
@@ -43,12 +42,7 @@ def drill_users(
         if user.tier_id != tier.id or not user.is_active:
             user.tier, user.is_active = tier, True
             user.save(update_fields=["tier", "is_active"])
-        session = SessionStore()
-        session[SESSION_KEY] = str(user.pk)
-        session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-        session[HASH_SESSION_KEY] = user.get_session_auth_hash()
-        session.create()
-        cookies.append(f"{settings.SESSION_COOKIE_NAME}={session.session_key}")
+        cookies.append(session_cookie_for(user))
     return cookies
 
 

@@ -21,12 +21,10 @@ import json
 import random
 import time
 
-from django.conf import settings
-from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-from django.contrib.sessions.backends.db import SessionStore
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
+from accounts.sessions import session_cookie_for
 from billing.models import Tier
 from conversations.management.commands.loadtest import PROMPTS, percentile
 from conversations.models import Message
@@ -100,12 +98,7 @@ class Command(BaseCommand):
                 if user.tier_id != tier.id:
                     user.tier = tier
                     user.save(update_fields=["tier"])
-                session = SessionStore()
-                session[SESSION_KEY] = str(user.pk)
-                session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-                session[HASH_SESSION_KEY] = user.get_session_auth_hash()
-                session.create()
-                out[label].append((label, f"{settings.SESSION_COOKIE_NAME}={session.session_key}", user.pk))
+                out[label].append((label, session_cookie_for(user), user.pk))
         return out
 
     # --- the clients ----------------------------------------------------------------------------------------

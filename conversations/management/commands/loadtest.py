@@ -16,12 +16,10 @@ import json
 import statistics
 import time
 
-from django.conf import settings
-from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-from django.contrib.sessions.backends.db import SessionStore
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
+from accounts.sessions import session_cookie_for
 from billing.models import Tier
 
 PROMPTS = [
@@ -91,12 +89,7 @@ class Command(BaseCommand):
             if user.tier_id != tier.id:
                 user.tier = tier
                 user.save(update_fields=["tier"])
-            session = SessionStore()
-            session[SESSION_KEY] = str(user.pk)
-            session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-            session[HASH_SESSION_KEY] = user.get_session_auth_hash()
-            session.create()
-            cookies.append(f"{settings.SESSION_COOKIE_NAME}={session.session_key}")
+            cookies.append(session_cookie_for(user))
         return cookies
 
     async def run_clients(self, cookies, messages, url, origin, timeout):
