@@ -104,3 +104,37 @@ def test_json_file_exporter_writes_one_line_per_span(tmp_path):
     )
     assert spans["child"]["parent_id"] == spans["parent"]["span_id"]
     assert spans["child"]["attributes"] == {"a": 1}
+
+
+def test_every_series_the_grafana_dashboard_queries_is_exported():
+    """docs/grafana-dashboard.json names only series that this code exports (a renamed metric would leave a
+    panel silently empty)."""
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    )
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"chatsite:[a-z_]+", target["expr"])
+    }
+    registry = CollectorRegistry()
+    registry.register(metrics.EngineCollector(FakeHost()))
+    exported = {sample.name for family in registry.collect() for sample in family.samples}
+    exported |= {sample.name for family in REGISTRY.collect() for sample in family.samples}
+    # A labelled metric with no child yet exports no sample: take the declared names of the module's metrics.
+    from prometheus_client.metrics import MetricWrapperBase
+
+    for metric in vars(metrics).values():
+        if not isinstance(metric, MetricWrapperBase):
+            continue
+        for family in metric.describe():
+            base = family.name
+            exported |= {base, f"{base}_total", f"{base}_bucket", f"{base}_sum", f"{base}_count"}
+    assert queried, "the dashboard queries no chatsite series"
+    assert queried <= exported, sorted(queried - exported)
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert any("step duration" in title for title in titles)

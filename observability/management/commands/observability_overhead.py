@@ -1,5 +1,12 @@
 """``manage.py observability_overhead``: decode throughput of the engine at N concurrent requests with and
-without the per-reply metrics and tracing the adapter does, rounds alternating; prints median [min-max]."""
+without the per-reply metrics and tracing the adapter does, rounds alternating; prints median [min-max].
+
+Each "on" round also accounts, in situ, the CPU time every piece of observability work took in that very
+round (``time.thread_time`` around each call, on whichever thread runs it: the engine's step listener, the
+consumers' ITL and finish metrics and spans, the span exporter, the scrapes) and relates it to the round's
+wall time. That share is an upper bound on the throughput lost to observability (it assumes every
+microsecond of it delayed the engine), and unlike the A/B it is not drowned by the box's round-to-round
+noise."""
 
 import statistics
 import threading
@@ -15,6 +22,11 @@ class Command(BaseCommand):
         "exactly --new-tokens each, greedy) per round, rounds alternating off/on."
     )
     _collector_registered = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = CpuMeter()
+        self.in_situ: list[float] = []  # per "on" round: observability CPU seconds / wall seconds
 
     def add_arguments(self, parser):
         parser.add_argument("--n", type=int, default=32)
@@ -58,6 +70,12 @@ class Command(BaseCommand):
                 f"{mode:>3}: median {statistics.median(values):.1f} tok/s "
                 f"[{min(values):.1f}-{max(values):.1f}] over {rounds} rounds"
             )
+        shares = [share * 100 for share in self.in_situ]
+        self.stdout.write(
+            f"in situ: observability CPU per second of wall time in the 'on' rounds: median "
+            f"{statistics.median(shares):.3f} % [{min(shares):.3f}-{max(shares):.3f}] "
+            f"(upper bound on the decode throughput lost; N={n})"
+        )
         off, on = statistics.median(results["off"]), statistics.median(results["on"])
         self.stdout.write(f"overhead: {(off - on) / off * 100:+.2f} % (median off vs on; N={n})")
         paired = [(a - b) / a * 100 for a, b in zip(results["off"], results["on"], strict=True)]
@@ -122,17 +140,21 @@ class Command(BaseCommand):
             f"per second = {cpu_per_s / cores * 100:.3f} % of {cores} cores"
         )
 
-    @staticmethod
-    def tracer():
-        """A real SDK tracer exporting in batches (JSON serialisation included) to /dev/null."""
+    def tracer(self):
+        """A real SDK tracer exporting in batches (JSON serialisation included) to /dev/null; the exporter's
+        CPU time is charged to :attr:`meter`."""
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         from observability.tracing import JsonFileSpanExporter
 
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(JsonFileSpanExporter("/dev/null")))
-        return provider.get_tracer("overhead")
+        meter = self.meter
+        exporter = JsonFileSpanExporter("/dev/null")
+        export = exporter.export
+        exporter.export = lambda spans: meter.call(export, spans)
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        return self.provider.get_tracer("overhead")
 
     def run_round(self, engine, prompts, params, tracer) -> float:
         """Submit every prompt at once; returns generated tokens per second of wall time."""
@@ -143,34 +165,39 @@ class Command(BaseCommand):
         total = [0]
         lock = threading.Lock()
         stop = threading.Event()
+        meter = self.meter
+        meter.reset()
+
+        def finish(timer, span, event, submitted_ns):
+            t = event.timings
+            timer.finish(
+                finish_reason=event.finish_reason,
+                prompt_tokens=event.usage.prompt_tokens,
+                completion_tokens=event.usage.completion_tokens,
+                queue_ms=t.queue_ms,
+                ttft_ms=t.ttft_ms,
+                total_ms=t.total_ms,
+            )
+            for name in ("engine.queue_wait", "engine.prefill", "engine.decode"):
+                tracer.start_span(name, start_time=submitted_ns).end()
+            span.end()
 
         def consume(handle, submitted_ns):
-            timer = ReplyTimer(model="bench", tier="bench") if tracer else None
-            span = tracer.start_span("generation") if tracer else None
+            timer = meter.call(ReplyTimer, model="bench", tier="bench") if tracer else None
+            span = meter.call(tracer.start_span, "generation") if tracer else None
             for event in handle.events():
                 if type(event).__name__ == "TokenEvent":
                     if timer:
-                        timer.token(len(event.token_ids))
+                        meter.call(timer.token, len(event.token_ids))
                 else:
-                    t = event.timings
                     if timer:
-                        timer.finish(
-                            finish_reason=event.finish_reason,
-                            prompt_tokens=event.usage.prompt_tokens,
-                            completion_tokens=event.usage.completion_tokens,
-                            queue_ms=t.queue_ms,
-                            ttft_ms=t.ttft_ms,
-                            total_ms=t.total_ms,
-                        )
-                        for name in ("engine.queue_wait", "engine.prefill", "engine.decode"):
-                            tracer.start_span(name, start_time=submitted_ns).end()
-                        span.end()
+                        meter.call(finish, timer, span, event, submitted_ns)
                     with lock:
                         total[0] += event.usage.completion_tokens
 
         def scrape():  # a Prometheus scrape every second (real deployments: every 5-15 s)
             while not stop.wait(1.0):
-                generate_latest(REGISTRY)
+                meter.call(generate_latest, REGISTRY)
 
         listener = None
         if tracer:
@@ -181,7 +208,11 @@ class Command(BaseCommand):
                     EngineCollector(type("Host", (), {"engine": engine, "model_name": "bench"})())
                 )
                 self._collector_registered = True
-            listener = StepMetrics(model="bench")
+            step_metrics = StepMetrics(model="bench")
+
+            def listener(stats):
+                meter.call(step_metrics, stats)
+
             engine.add_step_listener(listener)
             threading.Thread(target=scrape, daemon=True).start()
         started = time.perf_counter()
@@ -197,4 +228,30 @@ class Command(BaseCommand):
         stop.set()
         if listener is not None:
             engine.remove_step_listener(listener)
+            self.provider.force_flush()  # this round's spans exported (and charged) now
+            self.in_situ.append(meter.seconds / elapsed)
         return total[0] / elapsed
+
+
+class CpuMeter:
+    """Sums the CPU time (``time.thread_time``, seconds, of the calling thread) of the calls made through
+    :meth:`call`, from any number of threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def reset(self) -> None:
+        """Start a new round at 0 s."""
+        with self._lock:
+            self.seconds = 0.0
+
+    def call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, charging its thread CPU time; returns its result."""
+        started = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = time.thread_time() - started
+            with self._lock:
+                self.seconds += spent
