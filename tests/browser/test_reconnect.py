@@ -50,11 +50,6 @@ def send(page, text):
     page.press("#composer", "Enter")
 
 
-@pytest.mark.xfail(
-    reason="flaky in the full suite from a fresh clone (2 of 3 runs: the message sent after the restart did not "
-    "stream within 120 s), passes alone and in a developer's make test; cause not found (open, issue 7)",
-    strict=False,
-)
 def test_page_reconnects_by_itself_after_redis_restarts_and_the_next_message_streams(
     chromium, private_redis, private_model, drill_workers, make_user, tmp_path
 ):
@@ -105,7 +100,9 @@ def test_page_reconnects_by_itself_after_redis_restarts_and_the_next_message_str
             stored = Message.objects.get(pk=in_flight)
             assert stored.status in ("completed", "interrupted") and stored.content
 
-            # A message sent afterwards streams token by token on the reconnected socket and completes.
+            # A message sent afterwards streams token by token on the reconnected socket and completes. Sent at
+            # once after a reconnect it may be refused no_workers (the restart lost the worker's status, back
+            # within a second): the page re-sends it after retry_after (5 s) by itself.
             page.wait_for_selector("#send-button:not([disabled])")
             send(page, "Now write a long poem about bread, with many verses.")
             page.wait_for_function(LAST_REPLY_STREAMING_WITH_TEXT, timeout=120_000)
