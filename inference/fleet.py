@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 from conversations import broadcast
@@ -27,6 +28,10 @@ KEY_PREFIX = "chatsite:worker:"
 STATUS_TTL_S = 5
 #: Seconds between two publications of one worker's status.
 PUBLISH_INTERVAL_S = 1.0
+#: Seconds before the next attempt after a failed publication (Redis unreachable): a restarted Redis, which
+#: lost every status, sees the worker again this soon after it is back, not a whole interval later; until
+#: then admission control answers ``no_workers``.
+PUBLISH_RETRY_S = 0.2
 
 
 def worker_id() -> str:
@@ -111,6 +116,28 @@ def publish(status: WorkerStatus, *, client=None) -> None:
     client = client or broadcast.redis_client()
     status.updated_at = time.time()
     client.set(status_key(status.worker_id), json.dumps(asdict(status)), ex=STATUS_TTL_S)
+
+
+def publish_forever(status: Callable[[], WorkerStatus], *, stop, client=None) -> None:
+    """Publish ``status()`` every :data:`PUBLISH_INTERVAL_S` seconds until ``stop`` (a
+    ``threading.Event``) is set; after a failed attempt (Redis down or restarting) try again every
+    :data:`PUBLISH_RETRY_S`. Never raises: an outage must not end the publisher, the key simply expires.
+    Logs the first failure of each outage and the recovery."""
+    client = client or broadcast.redis_client()
+    failing = False
+    while not stop.is_set():
+        try:
+            publish(status(), client=client)
+        except Exception:
+            if not failing:
+                logger.warning("could not publish this worker's load; retrying", exc_info=True)
+            failing = True
+            stop.wait(PUBLISH_RETRY_S)
+            continue
+        if failing:
+            logger.info("this worker's load is published again")
+        failing = False
+        stop.wait(PUBLISH_INTERVAL_S)
 
 
 def unpublish(worker: str, *, client=None) -> None:

@@ -9,7 +9,8 @@ host runs three small daemon threads:
 * a **lease heartbeat** that keeps ``broadcast.lease_key(id)`` alive for every reply this process owns;
 * a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted`` and
   re-dispatches queued replies no broker message may deliver;
-* a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``).
+* a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``),
+  and again within a fraction of a second once a restarted Redis is back.
 """
 
 from __future__ import annotations
@@ -168,12 +169,7 @@ class WorkerHost:
                 logger.exception("lease heartbeat failed")
 
     def _publish_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                fleet.publish(self.status(), client=self._redis)
-            except Exception:  # a Redis outage must not kill the publisher; the key simply expires
-                logger.warning("could not publish this worker's load", exc_info=True)
-            self._stop.wait(fleet.PUBLISH_INTERVAL_S)
+        fleet.publish_forever(self.status, stop=self._stop, client=self._redis)
 
     def _reaper_loop(self) -> None:
         while not self._stop.wait(REAPER_INTERVAL_S):

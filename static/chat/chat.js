@@ -186,14 +186,20 @@
     return p;
   }
 
-  /** busy / rate_limited: retry on the tier's schedule with a visible, cancellable countdown. */
+  /** busy / rate_limited / unavailable: retry on the tier's schedule with a visible, cancellable countdown.
+   * no_workers: every retry_after seconds. No worker's status is in Redis (all stopped, or a Redis restart
+   * lost the statuses until the workers republish, within a second): an outage, not load, so backing off
+   * relieves nothing and would keep the person waiting minutes after the workers are back. */
   function startRetryCountdown(code, retryAfter) {
     stopRetry();
     const p = state.pending;
     p.transmitted = false;
-    const deadline = Date.now() + Chat.retryDelay(cfg.backoff, p.attempts, retryAfter) * 1000;
+    const delay = code === 'no_workers' ? Number(retryAfter) : Chat.retryDelay(cfg.backoff, p.attempts, retryAfter);
+    const deadline = Date.now() + delay * 1000;
     p.attempts += 1;
-    const label = { busy: 'The service is busy', unavailable: 'Briefly unavailable' }[code] || 'Rate limit reached';
+    const label = {
+      busy: 'The service is busy', unavailable: 'Briefly unavailable', no_workers: 'No model worker is available',
+    }[code] || 'Rate limit reached';
     const tick = () => {
       const left = Math.ceil((deadline - Date.now()) / 1000);
       if (left <= 0) { stopRetry(); transmit(); return; }
@@ -246,6 +252,8 @@
   }
 
   // ---------- Server frames ----------
+  // Refusals of a send/regenerate that waiting cures: the page re-sends the same frame after a countdown.
+  const RETRIED = new Set(['rate_limited', 'busy', 'unavailable', 'no_workers']);
   const handlers = {
     queued(m) {
       const a = state.active;
@@ -304,7 +312,7 @@
     },
     error(m) {
       const p = state.pending;
-      if (['rate_limited', 'busy', 'unavailable'].includes(m.code) && m.retry_after != null && p) {
+      if (RETRIED.has(m.code) && m.retry_after != null && p) {
         startRetryCountdown(m.code, m.retry_after);
         return;
       }

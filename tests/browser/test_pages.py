@@ -1,17 +1,19 @@
 """The chat page's features that need no model: search, export/import, ChatGPT import, share links, dark
-mode, the sidebar menu, long conversations, phone width, and axe-core on the log-in, chat, search and share
-pages. The database is seeded directly; no worker runs."""
+mode, the sidebar menu, long conversations, phone width, axe-core on the log-in, chat, search and share
+pages, and the retry countdowns of refused sends. The database is seeded directly; no worker runs."""
 
 import json
 import re
+import threading
 
 import pytest
 
 from billing.models import Tier
 from conversations import sharing
 from conversations.models import Conversation, Message, SharedLink
+from inference import fleet
 from tests.browser.conftest import PHONE, axe_violations
-from tests.browser.helpers import seed_conversation, seed_long_conversation
+from tests.browser.helpers import seed_conversation, seed_long_conversation, wait_last_assistant
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -285,3 +287,37 @@ def test_rate_limited_message_counts_down_and_cancel_keeps_the_text(open_page, a
     assert page.input_value("#composer") == "Two"
     assert page.locator(".message.user").count() == 0
     assert Message.objects.count() == 0
+
+
+def test_send_refused_no_workers_is_retried_every_few_seconds_and_queued_once_a_worker_publishes(
+    open_page, alice, private_model
+):
+    # After a Redis restart the page can reconnect and send before any worker has republished its status.
+    private_model("loaddrill")  # every tier routes to a model no running worker serves
+    page = open_page(alice)
+    page.goto("/chat/")
+    page.locator("#connection-status[data-state=open]").wait_for()
+    page.fill("#composer", "Anyone there?")
+    page.press("#composer", "Enter")
+    # The server's retry_after (5 s), not the free tier's back-off (10, 20, 40 ... s).
+    page.wait_for_function(
+        "() => /No model worker is available — retrying in [1-5] s/"
+        ".test(document.querySelector('#queue-status').textContent)"
+    )
+    assert Message.objects.count() == 0 and page.locator("#chat-banner").is_hidden()
+
+    status = fleet.WorkerStatus(
+        worker_id="browser-test:1", host="browser-test", pid=1, model="loaddrill", ready=True
+    )
+    stop = threading.Event()
+    publisher = threading.Thread(target=fleet.publish_forever, args=(lambda: status,), kwargs={"stop": stop})
+    publisher.start()
+    try:
+        wait_last_assistant(page, "queued", timeout=20_000)
+    finally:
+        stop.set()
+        publisher.join(5)
+        fleet.unpublish(status.worker_id)
+    reply = Message.objects.get(role="assistant")
+    assert (reply.status, reply.model_name) == ("queued", "loaddrill")
+    assert page.locator(".message.user .content").last.inner_text() == "Anyone there?"
