@@ -65,10 +65,13 @@ class OursBackend:
     """``inference.engine.LLMEngine`` in its background thread, followed by one asyncio loop (no thread per
     stream), with per-token events (``token_events=True``) so every token is stamped as it arrives."""
 
-    def __init__(self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int) -> None:
+    def __init__(
+        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int, dtype: str
+    ) -> None:
         from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
 
-        spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype="bfloat16")
+        # bfloat16 runs as float32 on a CPU without native bf16 (inference.engine.loader.compute_dtype).
+        spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype=dtype)
         loaded = load_model(spec, os.path.dirname(model_dir.rstrip("/")), device="cpu", num_threads=threads)
         config = EngineConfig(
             max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens, device="cpu", num_threads=threads
@@ -127,12 +130,14 @@ class VllmBackend:
     """vLLM's ``LLMEngine`` (V1, engine core in its own process as vLLM runs by default), stepped by this
     process; requests are added at their arrival times and outputs come back as deltas."""
 
-    def __init__(self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int) -> None:
+    def __init__(
+        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int, dtype: str
+    ) -> None:
         from vllm import EngineArgs, LLMEngine
 
         args = EngineArgs(
             model=model_dir,
-            dtype="bfloat16",
+            dtype=dtype,
             max_model_len=4096,
             max_num_seqs=max_seqs,
             seed=0,
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-seqs", type=int, default=32)
     p.add_argument("--max-batch-tokens", type=int, default=512)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = p.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
     # libraries and of child processes (vLLM's engine core) cannot corrupt it.
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     started = time.perf_counter()
     cls = OursBackend if args.system == "ours" else VllmBackend
-    backend = cls(args.model, args.threads, args.max_seqs, args.max_batch_tokens)
+    backend = cls(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)
     print(
         json.dumps({"ready": True, "startup_s": round(time.perf_counter() - started, 1)}),
         file=out,

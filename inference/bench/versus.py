@@ -19,6 +19,7 @@ Example::
     python -m inference.bench.versus --rounds 3
     python -m inference.bench.versus --systems ours --workloads uniform32 --conditions quiet,busy
     python -m inference.bench.versus --systems ours,ours@2048,vllm   # ours at two per-step token budgets
+    python -m inference.bench.versus --systems ours,vllm,vllm:float32  # vLLM in bf16 and in float32
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ class Server:
     """A :mod:`.serve` process speaking JSON lines."""
 
     def __init__(self, system: str, model_dir: str, threads: int | None, python: str) -> None:
-        # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own.
-        base, _, budget = system.partition("@")
+        # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own;
+        # "vllm:float32": another dtype than the default bfloat16.
+        name, _, budget = system.partition("@")
+        base, _, dtype = name.partition(":")
         cmd = [python, "-m", "inference.bench.serve", "--system", base, "--model", model_dir]
         if budget:
             cmd += ["--max-batch-tokens", budget]
+        if dtype:
+            cmd += ["--dtype", dtype]
         if threads:
             cmd += ["--threads", str(threads)]
         env = dict(os.environ, PYTHONPATH=ROOT, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -57,7 +62,10 @@ class Server:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all" if not threads else f"0-{threads - 1}")
         self.system = system
-        self.log = open(os.path.join(ROOT, "bench-results", f"serve-{system.replace('@', '-')}.log"), "w")  # noqa: SIM115
+        self.log = open(
+            os.path.join(ROOT, "bench-results", f"serve-{system.replace('@', '-').replace(':', '-')}.log"),
+            "w",
+        )  # noqa: SIM115
         t = time.perf_counter()
         self.proc = subprocess.Popen(
             cmd,
@@ -232,7 +240,8 @@ def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
 def report(
     cells: list[dict], systems: list[str], workloads: list[str], conditions: list[str], rounds: int
 ) -> str:
-    """Markdown table: per (workload, condition, system) median [min-max] over rounds, then ours ÷ vLLM."""
+    """Markdown table: per (workload, condition, system) median [min-max] over rounds, then each of ours ÷
+    each vLLM configuration (ratios taken per round)."""
 
     def get(s, w, c, key):
         return [
@@ -263,27 +272,30 @@ def report(
                     f"| {_med(get(s, w, c, 'ttft_ms_p99'))} | {_med(get(s, w, c, 'itl_ms_p50'))} "
                     f"| {_med(get(s, w, c, 'itl_ms_p99'))} | {_med(rss(s, w, c))} |"
                 )
-    ours_like = [s for s in systems if s != "vllm"]
-    if ours_like and "vllm" in systems:
+    ours_like = [s for s in systems if not s.startswith("vllm")]
+    references = [s for s in systems if s.startswith("vllm")]  # "vllm", "vllm:float32", ...
+    if ours_like and references:
         lines += [
             "",
-            "| workload | condition | system | ÷ vLLM tok/s | vLLM p99 TTFT ÷ its |",
-            "|---|---|---|---|---|",
+            "| workload | condition | system | against | ÷ it tok/s | its p99 TTFT ÷ ours |",
+            "|---|---|---|---|---|---|",
         ]
         for w in workloads:
             for c in conditions:
                 for o in ours_like:
-                    tput, ttft = [], []
-                    for rnd in range(rounds):
-                        pick = {
-                            x["system"]: x["summary"]
-                            for x in cells
-                            if (x["round"], x["workload"], x["condition"]) == (rnd, w, c) and "summary" in x
-                        }
-                        if o in pick and "vllm" in pick:
-                            tput.append(pick[o]["output_tok_s"] / pick["vllm"]["output_tok_s"])
-                            ttft.append(pick["vllm"]["ttft_ms_p99"] / pick[o]["ttft_ms_p99"])
-                    lines.append(f"| {w} | {c} | {o} | {_med2(tput)} | {_med2(ttft)} |")
+                    for ref in references:
+                        tput, ttft = [], []
+                        for rnd in range(rounds):
+                            pick = {
+                                x["system"]: x["summary"]
+                                for x in cells
+                                if (x["round"], x["workload"], x["condition"]) == (rnd, w, c)
+                                and "summary" in x
+                            }
+                            if o in pick and ref in pick:
+                                tput.append(pick[o]["output_tok_s"] / pick[ref]["output_tok_s"])
+                                ttft.append(pick[ref]["ttft_ms_p99"] / pick[o]["ttft_ms_p99"])
+                        lines.append(f"| {w} | {c} | {o} | {ref} | {_med2(tput)} | {_med2(ttft)} |")
         if "quiet" in conditions and "busy" in conditions:
             lines += [
                 "",

