@@ -9,15 +9,17 @@ frame from a socket whose session ended closes it (4401), and an outage of Postg
 ``unavailable`` and closed with 1013, try again later (``docs/websocket-protocol.md``).
 """
 
+import functools
 import logging
 import time
 from collections import Counter
 
 import redis
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
+from channels.db import aclose_old_connections, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 from django.http import Http404
 from pydantic import ValidationError
 
@@ -47,6 +49,22 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_TRY_AGAIN_LATER = 1013
 #: Errors meaning a backing service (PostgreSQL, Redis) is unreachable, answered ``unavailable``.
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def db_call(func, *, thread_sensitive: bool = True):
+    """``database_sync_to_async(func)`` whose database connections are closed (``CONN_MAX_AGE`` 0) before it
+    returns, inside ``func``'s own thread and context: with asgiref 3.13 a connection opened in the call
+    is not visible to the wrapper's own ``close_old_connections`` (it runs outside the call's context) and
+    was closed only by Channels' per-message hop, which :meth:`ChatConsumer.dispatch` drops."""
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return database_sync_to_async(call, thread_sensitive=thread_sensitive)
 
 
 class FrameBucket:
@@ -129,6 +147,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except OUTAGE_ERRORS:  # Redis is down: its group memberships expire on their own
             logger.warning("could not leave channel-layer groups on disconnect", exc_info=True)
 
+    async def dispatch(self, message):
+        """Channels' ``dispatch`` without its per-message ``aclose_old_connections()`` hop (kept only for the
+        connect, where the auth middleware's user lookup left a connection): since channels 4.2 that hop
+        onto the one thread shared by every thread-sensitive ``sync_to_async`` call of the process runs
+        before *each* handler, i.e. before every frame in and every channel-layer event (each streamed
+        token of each watched reply). Under load a frame waited there behind the other sockets' hops and
+        database work before ``receive`` even ran (p50 66 ms, p99 564 ms; README "Overload"). This
+        consumer's own database calls close their connections themselves (:func:`db_call`)."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        if message["type"] == "websocket.connect":
+            await aclose_old_connections()
+        await handler(message)
+
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if self.ended:
             return
@@ -162,9 +195,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
         try:
-            if not await database_sync_to_async(session_is_current)(
-                session_key=self.session_key, user_id=self.user.pk
-            ):
+            if not await db_call(session_is_current)(session_key=self.session_key, user_id=self.user.pk):
                 await self.end_session("expired")
                 return
             await self.dispatch_frame(frame)
@@ -198,15 +229,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.handle_resume(frame)
         elif isinstance(frame, EditFrame):
             await self.watch_ticket(
-                await database_sync_to_async(generations.reply_edit)(
+                await db_call(generations.reply_edit)(
                     user=self.user, message_id=frame.message_id, content=frame.content, model=frame.model
                 )
             )
         elif isinstance(frame, ContinueFrame):
             await self.watch_ticket(
-                await database_sync_to_async(generations.reply_continue)(
-                    user=self.user, message_id=frame.message_id
-                )
+                await db_call(generations.reply_continue)(user=self.user, message_id=frame.message_id)
             )
 
     async def refresh_tier(self):
@@ -219,7 +248,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         except load.CacheMiss:
             pass
-        await database_sync_to_async(admission.refresh_tier, thread_sensitive=False)(self.user)
+        await db_call(admission.refresh_tier, thread_sensitive=False)(self.user)
 
     async def admission_gate(self, model: str | None = None):
         # Refuse under overload (or a model the plan does not offer) in milliseconds: from the 1 s cache
@@ -231,7 +260,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         except load.CacheMiss:
             pass
-        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(
+        await db_call(admission.load_gate_for_user, thread_sensitive=False)(
             user=self.user, model_name=model or ""
         )
 
@@ -241,7 +270,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.admission_gate(frame.model)
         # The root span of the reply's trace; the Celery task carries its context to the worker.
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
-            ticket = await database_sync_to_async(generations.reply_request)(
+            ticket = await db_call(generations.reply_request)(
                 user=self.user,
                 conversation_id=frame.conversation_id,
                 content=frame.content,
@@ -254,23 +283,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def handle_regenerate(self, frame: RegenerateFrame):
         await self.admission_gate(frame.model)
-        ticket = await database_sync_to_async(generations.reply_regenerate)(
+        ticket = await db_call(generations.reply_regenerate)(
             user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)
 
     async def handle_stop(self, frame: StopFrame):
-        await database_sync_to_async(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
+        await db_call(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
 
     async def handle_resume(self, frame: ResumeFrame):
         # Check access first (joining a group of a foreign id would leak nothing, but costs a membership).
         # Then join the group before reading the message: a frame published in between arrives live, and
         # the browser drops seqs it already has.
-        await database_sync_to_async(message_get_for_user)(user=self.user, message_id=frame.message_id)
+        await db_call(message_get_for_user)(user=self.user, message_id=frame.message_id)
         await self.watch(frame.message_id)
-        message = await database_sync_to_async(generations.reply_for_resume)(
-            user=self.user, message_id=frame.message_id
-        )
+        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=frame.message_id)
         await self.send_state(message, after_seq=frame.after_seq)
 
     async def send_state(self, message, *, after_seq: int):
@@ -280,7 +307,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(broadcast.frame_done(message=message))
             return
         if message.status == message.Status.QUEUED:
-            position = await database_sync_to_async(generations.queue_position)(message=message)
+            position = await db_call(generations.queue_position)(message=message)
             await self.send_json(
                 broadcast.frame_queued(message=message, user_message_id=None, position=position)
             )
@@ -295,7 +322,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not ticket.duplicate:  # a resend stored nothing, so published nothing
             self.own_changes[ticket.message.conversation_id] += 1
         await self.watch(ticket.message.id)
-        frame = await database_sync_to_async(broadcast.frame_queued)(
+        frame = await db_call(broadcast.frame_queued)(
             message=ticket.message,
             user_message_id=ticket.user_message_id,
             position=ticket.position,
@@ -352,7 +379,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         ours = not named or named == self.session_fp
         if not ours:
             try:
-                ours = not await database_sync_to_async(session_is_current)(
+                ours = not await db_call(session_is_current)(
                     session_key=self.session_key, user_id=self.user.pk
                 )
             except OUTAGE_ERRORS:
