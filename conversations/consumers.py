@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import admission, broadcast, generations, load
+from conversations import admission, broadcast, generations, load, load_warmer
 from conversations.admission import AdmissionRefused
 from conversations.protocol import (
     ContinueFrame,
@@ -124,6 +124,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close_unavailable()
             return
         self.user_group = broadcast.user_group(self.user.pk)
+        self.warmed_user = self.user.pk
+        load_warmer.socket_opened(self.user.pk)
 
     async def close_unavailable(self):
         """Answer ``unavailable`` and close with 1013 (try again later); later frames are ignored."""
@@ -139,6 +141,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if getattr(self, "counted_open", False):
             metrics.WS_OPEN.dec()
             self.counted_open = False
+        if getattr(self, "warmed_user", None) is not None:
+            load_warmer.socket_closed(self.warmed_user)
+            self.warmed_user = None
         try:
             if getattr(self, "user_group", None):
                 await self.channel_layer.group_discard(self.user_group, self.channel_name)
@@ -170,6 +175,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._receive(text_data)
 
     async def _receive(self, text_data):
+        started = time.perf_counter()
         wait = self.bucket.take()
         if wait:
             metrics.observe_ws_frame("in", None)
@@ -195,12 +201,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
         try:
-            if not await db_call(session_is_current)(session_key=self.session_key, user_id=self.user.pk):
+            refused = self.refusal_from_memory(frame)
+            if refused is not None:
+                # Decided from cached figures on the event loop, nothing stored: answered before any thread
+                # hop. The session check below still runs and closes the socket if the session ended.
+                await self.send_error(refused.code, refused.message, retry_after=refused.retry_after)
+                metrics.WS_REFUSAL.labels("memory").observe(time.perf_counter() - started)
+            # Off Channels' shared database thread: a frame does not queue behind other sockets' writes.
+            if not await db_call(session_is_current, thread_sensitive=False)(
+                session_key=self.session_key, user_id=self.user.pk
+            ):
                 await self.end_session("expired")
                 return
-            await self.dispatch_frame(frame)
+            if refused is None:
+                await self.dispatch_frame(frame)
         except AdmissionRefused as exc:
             await self.send_error(exc.code, exc.message, retry_after=exc.retry_after)
+            metrics.WS_REFUSAL.labels("read").observe(time.perf_counter() - started)
         except generations.GenerationError as exc:
             await self.send_error(exc.code, str(exc))
         except Http404 as exc:
@@ -215,6 +232,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except Exception:
             logger.exception("frame %s failed", frame.type)
             await self.send_error("internal_error", "Something went wrong; nothing was stored.")
+
+    def refusal_from_memory(self, frame) -> AdmissionRefused | None:
+        """The load gate's refusal of a ``send`` (without ``client_id``: a resend may be answered from its
+        stored ticket) or ``regenerate`` frame, decided from cached figures only (the user's current tier,
+        the fleet, the queue; kept warm by :mod:`conversations.load_warmer`); None when admitted, another
+        frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before)."""
+        if not (
+            isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and frame.client_id is None)
+        ):
+            return None
+        load_warmer.note_activity()
+        try:
+            with load.cached_only():
+                admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
+        except load.CacheMiss:
+            return None
+        except AdmissionRefused as exc:
+            return exc
+        return None
 
     async def dispatch_frame(self, frame):
         if isinstance(frame, (SendFrame, RegenerateFrame, EditFrame, ContinueFrame)):

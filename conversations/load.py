@@ -46,11 +46,14 @@ _cache_lock = threading.Lock()
 # Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
 # taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
 _recent: list[tuple[float, str, int]] = []
-# Decode rate (tokens/s) last measured per model while its engines had requests waiting: their capacity.
-_capacity: dict[str, float] = {}
+# Per model: (decode rate in tokens/s measured while its engines had requests waiting, i.e. their capacity;
+# monotonic time of that reading).
+_capacity: dict[str, tuple[float, float]] = {}
 
 
 _cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
+# Inside warm(): figures older than this (s) are read again, so they never reach their TTL while warmed.
+_refresh_after: ContextVar[float | None] = ContextVar("load_refresh_after", default=None)
 
 
 class CacheMiss(Exception):
@@ -70,10 +73,11 @@ def cached_only():
 
 def _cached(key: tuple, compute):
     ttl = settings.ADMISSION_LOAD_CACHE_S
+    fresh_for = _refresh_after.get()
     now = time.monotonic()
     with _cache_lock:
         hit = _cache.get(key)
-        if hit is not None and now - hit[0] < ttl:
+        if hit is not None and now - hit[0] < (ttl if fresh_for is None else fresh_for):
             return hit[1]
     if _cached_only.get():
         raise CacheMiss(key)
@@ -133,10 +137,12 @@ def fleet_load() -> dict[str, ModelLoad]:
             measured = sum(w.decode_tokens_per_s for w in workers)
             if waiting > 0 and measured > 0:
                 # Saturated: the measured rate is the capacity. A 5 s window full of prefill reads low, so
-                # keep the best recent figure, decaying 10 % per reading towards newer measurements.
-                previous = _capacity.get(model, 0.0)
-                _capacity[model] = max(measured / len(workers), 0.9 * previous)
-            per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
+                # keep the best recent figure, decaying 10 % per ADMISSION_LOAD_CACHE_S towards newer ones.
+                previous, stamp = _capacity.get(model, (0.0, 0.0))
+                ttl = settings.ADMISSION_LOAD_CACHE_S
+                decay = 0.9 ** ((time.monotonic() - stamp) / ttl) if ttl > 0 else 0.9
+                _capacity[model] = (max(measured / len(workers), decay * previous), time.monotonic())
+            per_worker = _capacity.get(model, (settings.ADMISSION_DECODE_TOKENS_PER_S,))[0]
             loads[model] = ModelLoad(
                 model=model,
                 workers=len(workers),
@@ -216,3 +222,37 @@ def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
     if ahead <= 0:
         return 0.0
     return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)
+
+
+def warm(*, user_ids) -> None:
+    """Read again every figure admission needs for ``user_ids`` that is older than half
+    ``ADMISSION_LOAD_CACHE_S``: their tier ids (one query for all of them), their tiers, and the fleet load
+    and queue counts of those tiers' models. Called periodically off the event loop
+    (:mod:`conversations.load_warmer`), so that :func:`cached_only` reads of open sockets' users hit."""
+    from django.contrib.auth import get_user_model
+
+    from inference.registry import models_for_tier
+
+    refresh_after = settings.ADMISSION_LOAD_CACHE_S / 2
+    token = _refresh_after.set(refresh_after)
+    try:
+        now = time.monotonic()
+        with _cache_lock:
+            stale = [
+                uid
+                for uid in user_ids
+                if now - _cache.get(("user_tier", uid), (float("-inf"),))[0] >= refresh_after
+            ]
+        if stale:
+            rows = get_user_model().objects.filter(pk__in=stale).values_list("pk", "tier_id")
+            with _cache_lock:
+                for pk, tier_id in rows:
+                    _cache[("user_tier", pk)] = (now, tier_id)
+        with _cache_lock:
+            tier_ids = {_cache[("user_tier", uid)][1] for uid in user_ids if ("user_tier", uid) in _cache}
+        for tier_id in tier_ids:
+            tier = cached_tier(tier_id)
+            for name in models_for_tier(tier):
+                expected_wait_s(tier=tier, model_name=name)
+    finally:
+        _refresh_after.reset(token)

@@ -289,3 +289,22 @@ def test_cached_only_reads_serve_fresh_figures_and_miss_otherwise(alice, fleet_s
     assert load_gate_for_user(user=alice)[1] == 0.0  # fills the cache
     with load.cached_only():
         assert load_gate_for_user(user=alice)[0] == MODEL
+
+
+def test_warm_reads_every_figure_of_the_users_tiers_in_one_pass(alice, carol, fleet_settings, redis_clean):
+    """``load.warm`` (the web process's warmer, for the users of its open sockets) fills what the consumer's
+    ``cached_only`` gate reads, and reads a tier change again once its figure is half a period old."""
+    from conversations.admission import load_gate_for_user
+
+    saturate(waiting=0)
+    load.warm(user_ids=[alice.pk, carol.pk])
+    with load.cached_only():
+        assert load_gate_for_user(user=alice)[0] == MODEL
+        assert load_gate_for_user(user=carol)[0] == MODEL
+    type(alice).objects.filter(pk=alice.pk).update(tier=Tier.objects.get(name="paid"))  # as a bulk edit does
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 0.0  # every figure is due again
+    load.warm(user_ids=[alice.pk])
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 60.0
+    with load.cached_only():
+        load_gate_for_user(user=alice)
+    assert alice.tier.name == "paid"
