@@ -124,8 +124,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close_unavailable()
             return
         self.user_group = broadcast.user_group(self.user.pk)
-        self.warmed_user = self.user.pk
-        load_warmer.socket_opened(self.user.pk)
+        self.warmed = {"session_key": self.session_key, "user_id": self.user.pk}
+        load_warmer.socket_opened(**self.warmed)
 
     async def close_unavailable(self):
         """Answer ``unavailable`` and close with 1013 (try again later); later frames are ignored."""
@@ -141,9 +141,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if getattr(self, "counted_open", False):
             metrics.WS_OPEN.dec()
             self.counted_open = False
-        if getattr(self, "warmed_user", None) is not None:
-            load_warmer.socket_closed(self.warmed_user)
-            self.warmed_user = None
+        if getattr(self, "warmed", None):
+            load_warmer.socket_closed(**self.warmed)
+            self.warmed = None
         try:
             if getattr(self, "user_group", None):
                 await self.channel_layer.group_discard(self.user_group, self.channel_name)
@@ -204,9 +204,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             refused = self.refusal_from_memory(frame)
             if refused is not None:
                 # Decided from cached figures on the event loop, nothing stored: answered before any thread
-                # hop. The session check below still runs and closes the socket if the session ended.
+                # hop. Unless the warmer verified the session just now, the check below still runs and
+                # closes the socket if the session ended.
                 await self.send_error(refused.code, refused.message, retry_after=refused.retry_after)
                 metrics.WS_REFUSAL.labels("memory").observe(time.perf_counter() - started)
+                if load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk):
+                    return  # and the warmer found the session current within ADMISSION_LOAD_CACHE_S
             # Off Channels' shared database thread: a frame does not queue behind other sockets' writes.
             if not await db_call(session_is_current, thread_sensitive=False)(
                 session_key=self.session_key, user_id=self.user.pk

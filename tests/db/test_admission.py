@@ -308,3 +308,28 @@ def test_warm_reads_every_figure_of_the_users_tiers_in_one_pass(alice, carol, fl
     with load.cached_only():
         load_gate_for_user(user=alice)
     assert alice.tier.name == "paid"
+
+
+def test_the_warmer_pass_warms_figures_and_verifies_open_sockets_sessions(alice, fleet_settings, redis_clean):
+    from django.test import Client
+
+    from conversations import load_warmer
+    from conversations.admission import load_gate_for_user
+
+    saturate(waiting=0)
+    browser = Client()
+    browser.force_login(alice)
+    socket = {"session_key": browser.session.session_key, "user_id": alice.pk}
+    load_warmer.socket_opened(**socket)
+    try:
+        load_warmer.warm_once()
+        assert load_warmer.session_verified(**socket)
+        with load.cached_only():
+            assert load_gate_for_user(user=alice)[0] == MODEL
+        browser.session.flush()
+        fleet_settings.ADMISSION_LOAD_CACHE_S = 0.0  # the next pass reads everything again
+        load_warmer.warm_once()
+        fleet_settings.ADMISSION_LOAD_CACHE_S = 60.0
+        assert not load_warmer.session_verified(**socket)
+    finally:
+        load_warmer.socket_closed(**socket)
