@@ -101,6 +101,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # message id -> perf_counter at its send frame, until its first token frame goes out (pipeline
         # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
         self.sent_at: dict[int, float] = {}
+        self.pending: int | None = None  # load.note_pending token of the frame being handled
         self.client_ttft: dict[int, float] = {}
         metrics.WS_OPEN.inc()
         self.counted_open = True
@@ -201,6 +202,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
         try:
+            await self._handle_frame(frame, started)
+        finally:
+            load.clear_pending(self.pending)  # the service did not run (it clears it when it does)
+            self.pending = None
+
+    async def _handle_frame(self, frame, started: float):
+        try:
             refused = self.refusal_from_memory(frame)
             if refused is not None:
                 # Decided from cached figures on the event loop, nothing stored: answered before any thread
@@ -248,12 +256,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         load_warmer.note_activity()
         try:
             with load.cached_only():
-                admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
+                model_name, _, _ = admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
         except load.CacheMiss:
             return None
         except AdmissionRefused as exc:
             return exc
+        # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
+        self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
         return None
+
+    def admitting(self, service):
+        """``service`` (a reply-creating service) that first stops counting this frame's pending request, on
+        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`)."""
+        token, self.pending = self.pending, None
+
+        @functools.wraps(service)
+        def call(**kwargs):
+            load.clear_pending(token)
+            return service(**kwargs)
+
+        return call
 
     async def dispatch_frame(self, frame):
         if isinstance(frame, (SendFrame, RegenerateFrame, EditFrame, ContinueFrame)):
@@ -305,11 +327,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
-        if frame.client_id is None:  # a resend with a client_id may be answered from its stored ticket first
+        # A resend with a client_id may be answered from its stored ticket first; a frame the cached gate
+        # already let through (pending) is not gated twice.
+        if frame.client_id is None and self.pending is None:
             await self.admission_gate(frame.model)
         # The root span of the reply's trace; the Celery task carries its context to the worker.
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
-            ticket = await db_call(generations.reply_request)(
+            ticket = await db_call(self.admitting(generations.reply_request))(
                 user=self.user,
                 conversation_id=frame.conversation_id,
                 content=frame.content,
@@ -321,8 +345,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
-        await self.admission_gate(frame.model)
-        ticket = await db_call(generations.reply_regenerate)(
+        if self.pending is None:
+            await self.admission_gate(frame.model)
+        ticket = await db_call(self.admitting(generations.reply_regenerate))(
             user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)

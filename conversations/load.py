@@ -29,6 +29,7 @@ SGLang's load-aware router): one comparable number per tier, compared with that 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextlib import contextmanager
@@ -46,6 +47,11 @@ _cache_lock = threading.Lock()
 # Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
 # taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
 _recent: list[tuple[float, str, int]] = []
+# Requests this process let through a cached_only gate whose admission (in the service, on a database
+# thread) has not run yet: token -> (model, priority). Counted as queued like _recent, so a burst of frames
+# passing the gate on the same figures is refused there at once instead of after waiting for the service.
+_pending: dict[int, tuple[str, int]] = {}
+_pending_tokens = itertools.count(1)
 # Per model: (decode rate in tokens/s measured while its engines had requests waiting, i.e. their capacity;
 # monotonic time of that reading).
 _capacity: dict[str, tuple[float, float]] = {}
@@ -108,6 +114,21 @@ def note_admitted(*, model_name: str, priority: int) -> None:
     with _cache_lock:
         _recent[:] = [r for r in _recent if r[0] > horizon]
         _recent.append((now, model_name, priority))
+
+
+def note_pending(*, model_name: str, priority: int) -> int:
+    """Count a request that passed the cached gate until :func:`clear_pending` (its admission is next);
+    returns the token to clear it with."""
+    token = next(_pending_tokens)
+    with _cache_lock:
+        _pending[token] = (model_name, priority)
+    return token
+
+
+def clear_pending(token: int | None) -> None:
+    """Stop counting the request of ``token`` (None or an already cleared token: nothing)."""
+    with _cache_lock:
+        _pending.pop(token, None)
 
 
 @dataclass(frozen=True)
@@ -181,7 +202,7 @@ def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
     are those a priority broker queue hands out before a new request of that priority; streaming ones are
     in an engine (running or waiting). One indexed query, cached; requests this process admitted since
-    the cached read are added to ``queued``."""
+    the cached read, or let through its cached gate (:func:`note_pending`), are added to ``queued``."""
     key = ("active", model_name, priority)
 
     def compute() -> tuple[int, int]:
@@ -200,6 +221,7 @@ def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     with _cache_lock:
         read_at = _cache[key][0] if key in _cache else time.monotonic()
         since = sum(1 for t, m, p in _recent if t >= read_at and m == model_name and p >= priority)
+        since += sum(1 for m, p in _pending.values() if m == model_name and p >= priority)
     return queued + since, streaming
 
 

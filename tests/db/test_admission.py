@@ -333,3 +333,16 @@ def test_the_warmer_pass_warms_figures_and_verifies_open_sockets_sessions(alice,
         assert not load_warmer.session_verified(**socket)
     finally:
         load_warmer.socket_closed(**socket)
+
+
+def test_a_request_let_through_the_cached_gate_counts_as_queued_until_cleared(
+    alice, fleet_settings, redis_clean
+):
+    saturate(waiting=0)
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 0
+    token = load.note_pending(model_name=MODEL, priority=10)
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 1  # a paid request is ahead of a free one
+    assert load.queued_ahead(model_name=MODEL, priority=11) == 0
+    load.clear_pending(token)
+    load.clear_pending(token)  # twice: nothing
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 0
