@@ -127,6 +127,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.user_group = broadcast.user_group(self.user.pk)
         self.warmed = {"session_key": self.session_key, "user_id": self.user.pk}
         load_warmer.socket_opened(**self.warmed)
+        # The handshake just read the user row: its tier decides this socket's first frames from memory.
+        load.note_user_tier(user_id=self.user.pk, tier_id=self.user.tier_id)
+        load_warmer.note_activity()
 
     async def close_unavailable(self):
         """Answer ``unavailable`` and close with 1013 (try again later); later frames are ignored."""

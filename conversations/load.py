@@ -198,6 +198,16 @@ def current_tier(user_id: int):
     return cached_tier(tier_id)
 
 
+def note_user_tier(*, user_id: int, tier_id: int) -> None:
+    """Cache ``tier_id`` as user ``user_id``'s tier, read just now (a WebSocket's user row, loaded for its
+    handshake), unless a newer reading is cached."""
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(("user_tier", user_id))
+        if hit is None or hit[0] < now:
+            _cache[("user_tier", user_id)] = (now, tier_id)
+
+
 def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
     are those a priority broker queue hands out before a new request of that priority; streaming ones are
