@@ -334,10 +334,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # already let through (pending) is not gated twice.
         if frame.client_id is None and self.pending is None:
             await self.admission_gate(frame.model)
-            # The root span of the reply's trace; the Celery task carries its context to the worker. Off the shared
-            # database thread: a late refusal (the service's exact admission) does not queue behind other
-            # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
-            # client_id, tests/db/test_consumer_hardening.py).
+        # The root span of the reply's trace; the Celery task carries its context to the worker. Off the
+        # shared database thread: a late refusal (the service's exact admission) does not queue behind other
+        # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
+        # client_id, tests/db/test_consumer_hardening.py).
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
             ticket = await db_call(self.admitting(generations.reply_request), thread_sensitive=False)(
                 user=self.user,
