@@ -270,8 +270,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     def admitting(self, service):
         """``service`` (a reply-creating service) that first stops counting this frame's pending request, on
-        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`)."""
-        token, self.pending = self.pending, None
+        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`); the
+        frame's end clears it too, should the call never run."""
+        token = self.pending
 
         @functools.wraps(service)
         def call(**kwargs):
