@@ -9,21 +9,23 @@ frame from a socket whose session ended closes it (4401), and an outage of Postg
 ``unavailable`` and closed with 1013, try again later (``docs/websocket-protocol.md``).
 """
 
+import functools
 import logging
 import time
 from collections import Counter
 
 import redis
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
+from channels.db import aclose_old_connections, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 from django.http import Http404
 from pydantic import ValidationError
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import admission, broadcast, generations, load
+from conversations import admission, broadcast, generations, load, load_warmer
 from conversations.admission import AdmissionRefused
 from conversations.protocol import (
     ContinueFrame,
@@ -47,6 +49,22 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_TRY_AGAIN_LATER = 1013
 #: Errors meaning a backing service (PostgreSQL, Redis) is unreachable, answered ``unavailable``.
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+
+def db_call(func, *, thread_sensitive: bool = True):
+    """``database_sync_to_async(func)`` whose database connections are closed (``CONN_MAX_AGE`` 0) before it
+    returns, inside ``func``'s own thread and context: with asgiref 3.13 a connection opened in the call
+    is not visible to the wrapper's own ``close_old_connections`` (it runs outside the call's context) and
+    was closed only by Channels' per-message hop, which :meth:`ChatConsumer.dispatch` drops."""
+
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return database_sync_to_async(call, thread_sensitive=thread_sensitive)
 
 
 class FrameBucket:
@@ -83,6 +101,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # message id -> perf_counter at its send frame, until its first token frame goes out (pipeline
         # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
         self.sent_at: dict[int, float] = {}
+        self.pending: int | None = None  # load.note_pending token of the frame being handled
         self.client_ttft: dict[int, float] = {}
         metrics.WS_OPEN.inc()
         self.counted_open = True
@@ -106,6 +125,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.close_unavailable()
             return
         self.user_group = broadcast.user_group(self.user.pk)
+        self.warmed = {"session_key": self.session_key, "user_id": self.user.pk}
+        load_warmer.socket_opened(**self.warmed)
+        # The handshake just read the user row: its tier decides this socket's first frames from memory.
+        load.note_user_tier(user_id=self.user.pk, tier_id=self.user.tier_id)
+        load_warmer.note_activity()
 
     async def close_unavailable(self):
         """Answer ``unavailable`` and close with 1013 (try again later); later frames are ignored."""
@@ -121,6 +145,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if getattr(self, "counted_open", False):
             metrics.WS_OPEN.dec()
             self.counted_open = False
+        if getattr(self, "warmed", None):
+            load_warmer.socket_closed(**self.warmed)
+            self.warmed = None
         try:
             if getattr(self, "user_group", None):
                 await self.channel_layer.group_discard(self.user_group, self.channel_name)
@@ -128,6 +155,21 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await self.channel_layer.group_discard(broadcast.message_group(message_id), self.channel_name)
         except OUTAGE_ERRORS:  # Redis is down: its group memberships expire on their own
             logger.warning("could not leave channel-layer groups on disconnect", exc_info=True)
+
+    async def dispatch(self, message):
+        """Channels' ``dispatch`` without its per-message ``aclose_old_connections()`` hop (kept only for the
+        connect, where the auth middleware's user lookup left a connection): since channels 4.2 that hop
+        onto the one thread shared by every thread-sensitive ``sync_to_async`` call of the process runs
+        before *each* handler, i.e. before every frame in and every channel-layer event (each streamed
+        token of each watched reply). Under load a frame waited there behind the other sockets' hops and
+        database work before ``receive`` even ran (p50 66 ms, p99 564 ms; README "Overload"). This
+        consumer's own database calls close their connections themselves (:func:`db_call`)."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        if message["type"] == "websocket.connect":
+            await aclose_old_connections()
+        await handler(message)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if self.ended:
@@ -137,6 +179,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._receive(text_data)
 
     async def _receive(self, text_data):
+        started = time.perf_counter()
         wait = self.bucket.take()
         if wait:
             metrics.observe_ws_frame("in", None)
@@ -162,14 +205,33 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
         try:
-            if not await database_sync_to_async(session_is_current)(
+            await self._handle_frame(frame, started)
+        finally:
+            load.clear_pending(self.pending)  # the service did not run (it clears it when it does)
+            self.pending = None
+
+    async def _handle_frame(self, frame, started: float):
+        try:
+            refused = self.refusal_from_memory(frame)
+            if refused is not None:
+                # Decided from cached figures on the event loop, nothing stored: answered before any thread
+                # hop. Unless the warmer verified the session just now, the check below still runs and
+                # closes the socket if the session ended.
+                await self.send_error(refused.code, refused.message, retry_after=refused.retry_after)
+                metrics.WS_REFUSAL.labels("memory").observe(time.perf_counter() - started)
+                if load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk):
+                    return  # and the warmer found the session current within ADMISSION_LOAD_CACHE_S
+            # Off Channels' shared database thread: a frame does not queue behind other sockets' writes.
+            if not await db_call(session_is_current, thread_sensitive=False)(
                 session_key=self.session_key, user_id=self.user.pk
             ):
                 await self.end_session("expired")
                 return
-            await self.dispatch_frame(frame)
+            if refused is None:
+                await self.dispatch_frame(frame)
         except AdmissionRefused as exc:
             await self.send_error(exc.code, exc.message, retry_after=exc.retry_after)
+            metrics.WS_REFUSAL.labels("read").observe(time.perf_counter() - started)
         except generations.GenerationError as exc:
             await self.send_error(exc.code, str(exc))
         except Http404 as exc:
@@ -185,6 +247,40 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             logger.exception("frame %s failed", frame.type)
             await self.send_error("internal_error", "Something went wrong; nothing was stored.")
 
+    def refusal_from_memory(self, frame) -> AdmissionRefused | None:
+        """The load gate's refusal of a ``send`` (without ``client_id``: a resend may be answered from its
+        stored ticket) or ``regenerate`` frame, decided from cached figures only (the user's current tier,
+        the fleet, the queue; kept warm by :mod:`conversations.load_warmer`); None when admitted, another
+        frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before)."""
+        if not (
+            isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and frame.client_id is None)
+        ):
+            return None
+        load_warmer.note_activity()
+        try:
+            with load.cached_only():
+                model_name, _, _ = admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
+        except load.CacheMiss:
+            return None
+        except AdmissionRefused as exc:
+            return exc
+        # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
+        self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
+        return None
+
+    def admitting(self, service):
+        """``service`` (a reply-creating service) that first stops counting this frame's pending request, on
+        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`); the
+        frame's end clears it too, should the call never run."""
+        token = self.pending
+
+        @functools.wraps(service)
+        def call(**kwargs):
+            load.clear_pending(token)
+            return service(**kwargs)
+
+        return call
+
     async def dispatch_frame(self, frame):
         if isinstance(frame, (SendFrame, RegenerateFrame, EditFrame, ContinueFrame)):
             await self.refresh_tier()
@@ -198,15 +294,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.handle_resume(frame)
         elif isinstance(frame, EditFrame):
             await self.watch_ticket(
-                await database_sync_to_async(generations.reply_edit)(
+                await db_call(generations.reply_edit)(
                     user=self.user, message_id=frame.message_id, content=frame.content, model=frame.model
                 )
             )
         elif isinstance(frame, ContinueFrame):
             await self.watch_ticket(
-                await database_sync_to_async(generations.reply_continue)(
-                    user=self.user, message_id=frame.message_id
-                )
+                await db_call(generations.reply_continue)(user=self.user, message_id=frame.message_id)
             )
 
     async def refresh_tier(self):
@@ -219,7 +313,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         except load.CacheMiss:
             pass
-        await database_sync_to_async(admission.refresh_tier, thread_sensitive=False)(self.user)
+        await db_call(admission.refresh_tier, thread_sensitive=False)(self.user)
 
     async def admission_gate(self, model: str | None = None):
         # Refuse under overload (or a model the plan does not offer) in milliseconds: from the 1 s cache
@@ -231,17 +325,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         except load.CacheMiss:
             pass
-        await database_sync_to_async(admission.load_gate_for_user, thread_sensitive=False)(
+        await db_call(admission.load_gate_for_user, thread_sensitive=False)(
             user=self.user, model_name=model or ""
         )
 
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
-        if frame.client_id is None:  # a resend with a client_id may be answered from its stored ticket first
+        # A resend with a client_id may be answered from its stored ticket first; a frame the cached gate
+        # already let through (pending) is not gated twice.
+        if frame.client_id is None and self.pending is None:
             await self.admission_gate(frame.model)
-        # The root span of the reply's trace; the Celery task carries its context to the worker.
+        # The root span of the reply's trace; the Celery task carries its context to the worker. Off the
+        # shared database thread: a late refusal (the service's exact admission) does not queue behind other
+        # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
+        # client_id, tests/db/test_consumer_hardening.py).
         with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
-            ticket = await database_sync_to_async(generations.reply_request)(
+            ticket = await db_call(self.admitting(generations.reply_request), thread_sensitive=False)(
                 user=self.user,
                 conversation_id=frame.conversation_id,
                 content=frame.content,
@@ -253,24 +352,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
-        await self.admission_gate(frame.model)
-        ticket = await database_sync_to_async(generations.reply_regenerate)(
+        if self.pending is None:
+            await self.admission_gate(frame.model)
+        ticket = await db_call(self.admitting(generations.reply_regenerate), thread_sensitive=False)(
             user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)
 
     async def handle_stop(self, frame: StopFrame):
-        await database_sync_to_async(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
+        await db_call(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
 
     async def handle_resume(self, frame: ResumeFrame):
         # Check access first (joining a group of a foreign id would leak nothing, but costs a membership).
         # Then join the group before reading the message: a frame published in between arrives live, and
         # the browser drops seqs it already has.
-        await database_sync_to_async(message_get_for_user)(user=self.user, message_id=frame.message_id)
+        await db_call(message_get_for_user)(user=self.user, message_id=frame.message_id)
         await self.watch(frame.message_id)
-        message = await database_sync_to_async(generations.reply_for_resume)(
-            user=self.user, message_id=frame.message_id
-        )
+        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=frame.message_id)
         await self.send_state(message, after_seq=frame.after_seq)
 
     async def send_state(self, message, *, after_seq: int):
@@ -280,7 +378,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(broadcast.frame_done(message=message))
             return
         if message.status == message.Status.QUEUED:
-            position = await database_sync_to_async(generations.queue_position)(message=message)
+            position = await db_call(generations.queue_position)(message=message)
             await self.send_json(
                 broadcast.frame_queued(message=message, user_message_id=None, position=position)
             )
@@ -295,7 +393,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not ticket.duplicate:  # a resend stored nothing, so published nothing
             self.own_changes[ticket.message.conversation_id] += 1
         await self.watch(ticket.message.id)
-        frame = await database_sync_to_async(broadcast.frame_queued)(
+        frame = await db_call(broadcast.frame_queued)(
             message=ticket.message,
             user_message_id=ticket.user_message_id,
             position=ticket.position,
@@ -352,7 +450,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         ours = not named or named == self.session_fp
         if not ours:
             try:
-                ours = not await database_sync_to_async(session_is_current)(
+                ours = not await db_call(session_is_current)(
                     session_key=self.session_key, user_id=self.user.pk
                 )
             except OUTAGE_ERRORS:

@@ -29,6 +29,7 @@ SGLang's load-aware router): one comparable number per tier, compared with that 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextlib import contextmanager
@@ -46,11 +47,19 @@ _cache_lock = threading.Lock()
 # Requests this process admitted recently: (monotonic time, model, priority). Added to a cached queue count
 # taken before them, so a burst inside one cache period cannot all be admitted on the same stale figure.
 _recent: list[tuple[float, str, int]] = []
-# Decode rate (tokens/s) last measured per model while its engines had requests waiting: their capacity.
-_capacity: dict[str, float] = {}
+# Requests this process let through a cached_only gate whose admission (in the service, on a database
+# thread) has not run yet: token -> (model, priority). Counted as queued like _recent, so a burst of frames
+# passing the gate on the same figures is refused there at once instead of after waiting for the service.
+_pending: dict[int, tuple[str, int]] = {}
+_pending_tokens = itertools.count(1)
+# Per model: (decode rate in tokens/s measured while its engines had requests waiting, i.e. their capacity;
+# monotonic time of that reading).
+_capacity: dict[str, tuple[float, float]] = {}
 
 
 _cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
+# Inside warm(): figures older than this (s) are read again, so they never reach their TTL while warmed.
+_refresh_after: ContextVar[float | None] = ContextVar("load_refresh_after", default=None)
 
 
 class CacheMiss(Exception):
@@ -70,10 +79,11 @@ def cached_only():
 
 def _cached(key: tuple, compute):
     ttl = settings.ADMISSION_LOAD_CACHE_S
+    fresh_for = _refresh_after.get()
     now = time.monotonic()
     with _cache_lock:
         hit = _cache.get(key)
-        if hit is not None and now - hit[0] < ttl:
+        if hit is not None and now - hit[0] < (ttl if fresh_for is None else fresh_for):
             return hit[1]
     if _cached_only.get():
         raise CacheMiss(key)
@@ -106,6 +116,21 @@ def note_admitted(*, model_name: str, priority: int) -> None:
         _recent.append((now, model_name, priority))
 
 
+def note_pending(*, model_name: str, priority: int) -> int:
+    """Count a request that passed the cached gate until :func:`clear_pending` (its admission is next);
+    returns the token to clear it with."""
+    token = next(_pending_tokens)
+    with _cache_lock:
+        _pending[token] = (model_name, priority)
+    return token
+
+
+def clear_pending(token: int | None) -> None:
+    """Stop counting the request of ``token`` (None or an already cleared token: nothing)."""
+    with _cache_lock:
+        _pending.pop(token, None)
+
+
 @dataclass(frozen=True)
 class ModelLoad:
     """The fleet's load for one model: ``workers`` live, non-draining workers; ``waiting`` / ``running``
@@ -133,10 +158,12 @@ def fleet_load() -> dict[str, ModelLoad]:
             measured = sum(w.decode_tokens_per_s for w in workers)
             if waiting > 0 and measured > 0:
                 # Saturated: the measured rate is the capacity. A 5 s window full of prefill reads low, so
-                # keep the best recent figure, decaying 10 % per reading towards newer measurements.
-                previous = _capacity.get(model, 0.0)
-                _capacity[model] = max(measured / len(workers), 0.9 * previous)
-            per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
+                # keep the best recent figure, decaying 10 % per ADMISSION_LOAD_CACHE_S towards newer ones.
+                previous, stamp = _capacity.get(model, (0.0, 0.0))
+                ttl = settings.ADMISSION_LOAD_CACHE_S
+                decay = 0.9 ** ((time.monotonic() - stamp) / ttl) if ttl > 0 else 0.9
+                _capacity[model] = (max(measured / len(workers), decay * previous), time.monotonic())
+            per_worker = _capacity.get(model, (settings.ADMISSION_DECODE_TOKENS_PER_S,))[0]
             loads[model] = ModelLoad(
                 model=model,
                 workers=len(workers),
@@ -171,11 +198,21 @@ def current_tier(user_id: int):
     return cached_tier(tier_id)
 
 
+def note_user_tier(*, user_id: int, tier_id: int) -> None:
+    """Cache ``tier_id`` as user ``user_id``'s tier, read just now (a WebSocket's user row, loaded for its
+    handshake), unless a newer reading is cached."""
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(("user_tier", user_id))
+        if hit is None or hit[0] < now:
+            _cache[("user_tier", user_id)] = (now, tier_id)
+
+
 def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     """``(queued, streaming)`` replies for ``model_name`` whose tier priority is >= ``priority``: queued ones
     are those a priority broker queue hands out before a new request of that priority; streaming ones are
     in an engine (running or waiting). One indexed query, cached; requests this process admitted since
-    the cached read are added to ``queued``."""
+    the cached read, or let through its cached gate (:func:`note_pending`), are added to ``queued``."""
     key = ("active", model_name, priority)
 
     def compute() -> tuple[int, int]:
@@ -194,6 +231,7 @@ def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     with _cache_lock:
         read_at = _cache[key][0] if key in _cache else time.monotonic()
         since = sum(1 for t, m, p in _recent if t >= read_at and m == model_name and p >= priority)
+        since += sum(1 for m, p in _pending.values() if m == model_name and p >= priority)
     return queued + since, streaming
 
 
@@ -216,3 +254,37 @@ def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
     if ahead <= 0:
         return 0.0
     return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)
+
+
+def warm(*, user_ids) -> None:
+    """Read again every figure admission needs for ``user_ids`` that is older than half
+    ``ADMISSION_LOAD_CACHE_S``: their tier ids (one query for all of them), their tiers, and the fleet load
+    and queue counts of those tiers' models. Called periodically off the event loop
+    (:mod:`conversations.load_warmer`), so that :func:`cached_only` reads of open sockets' users hit."""
+    from django.contrib.auth import get_user_model
+
+    from inference.registry import models_for_tier
+
+    refresh_after = settings.ADMISSION_LOAD_CACHE_S / 2
+    token = _refresh_after.set(refresh_after)
+    try:
+        now = time.monotonic()
+        with _cache_lock:
+            stale = [
+                uid
+                for uid in user_ids
+                if now - _cache.get(("user_tier", uid), (float("-inf"),))[0] >= refresh_after
+            ]
+        if stale:
+            rows = get_user_model().objects.filter(pk__in=stale).values_list("pk", "tier_id")
+            with _cache_lock:
+                for pk, tier_id in rows:
+                    _cache[("user_tier", pk)] = (now, tier_id)
+        with _cache_lock:
+            tier_ids = {_cache[("user_tier", uid)][1] for uid in user_ids if ("user_tier", uid) in _cache}
+        for tier_id in tier_ids:
+            tier = cached_tier(tier_id)
+            for name in models_for_tier(tier):
+                expected_wait_s(tier=tier, model_name=name)
+    finally:
+        _refresh_after.reset(token)

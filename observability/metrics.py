@@ -158,6 +158,13 @@ PIPELINE_OVERHEAD = Histogram(
     "Client-visible TTFT (send frame in -> first token frame out) minus the engine's TTFT.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+WS_REFUSAL = Histogram(
+    "chatsite:websocket_refusal_seconds",
+    "Admission refusal on the chat WebSocket: the consumer starts on the frame -> the error frame is handed to "
+    "the server. decided: memory (cached figures, on the event loop) or read (after a database read).",
+    ["decided"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
 
 KNOWN_FRAME_TYPES = frozenset(
     {"send", "stop", "resume", "regenerate", "queued", "started", "token", "done", "error", "session_ended"}

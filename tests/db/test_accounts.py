@@ -79,3 +79,36 @@ def test_profile_shows_tier_and_usage(client, alice):
     assert response.status_code == 200
     assert response.context["tier"] == Tier.objects.get(name="free")
     assert response.context["usage_today"]["total_tokens"] == 0
+
+
+def test_sessions_current_checks_many_sessions_as_session_is_current_does(alice, make_user):
+    """The warmer's bulk check agrees with the per-frame one: a live session, a flushed one, one of a user
+    whose password changed, one of a deactivated user, and a key that names another user."""
+    from django.test import Client
+
+    from accounts.sessions import session_is_current, sessions_current
+
+    def session_of(user):
+        client = Client()
+        client.force_login(user)
+        return client, client.session.session_key
+
+    bob, carol = make_user("bob"), make_user("carol")
+    _, live = session_of(alice)
+    flushed_client, flushed = session_of(alice)
+    flushed_client.session.flush()
+    _, changed = session_of(bob)
+    bob.set_password("a-new-Secret-456")
+    bob.save()
+    _, deactivated = session_of(carol)
+    carol.is_active = False
+    carol.save()
+    pairs = [
+        (live, alice.pk),
+        (flushed, alice.pk),
+        (changed, bob.pk),
+        (deactivated, carol.pk),
+        (live, bob.pk),
+    ]
+    assert sessions_current(pairs=pairs) == {(live, alice.pk)}
+    assert {p for p in pairs if session_is_current(session_key=p[0], user_id=p[1])} == {(live, alice.pk)}

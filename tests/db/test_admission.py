@@ -289,3 +289,60 @@ def test_cached_only_reads_serve_fresh_figures_and_miss_otherwise(alice, fleet_s
     assert load_gate_for_user(user=alice)[1] == 0.0  # fills the cache
     with load.cached_only():
         assert load_gate_for_user(user=alice)[0] == MODEL
+
+
+def test_warm_reads_every_figure_of_the_users_tiers_in_one_pass(alice, carol, fleet_settings, redis_clean):
+    """``load.warm`` (the web process's warmer, for the users of its open sockets) fills what the consumer's
+    ``cached_only`` gate reads, and reads a tier change again once its figure is half a period old."""
+    from conversations.admission import load_gate_for_user
+
+    saturate(waiting=0)
+    load.warm(user_ids=[alice.pk, carol.pk])
+    with load.cached_only():
+        assert load_gate_for_user(user=alice)[0] == MODEL
+        assert load_gate_for_user(user=carol)[0] == MODEL
+    type(alice).objects.filter(pk=alice.pk).update(tier=Tier.objects.get(name="paid"))  # as a bulk edit does
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 0.0  # every figure is due again
+    load.warm(user_ids=[alice.pk])
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 60.0
+    with load.cached_only():
+        load_gate_for_user(user=alice)
+    assert alice.tier.name == "paid"
+
+
+def test_the_warmer_pass_warms_figures_and_verifies_open_sockets_sessions(alice, fleet_settings, redis_clean):
+    from django.test import Client
+
+    from conversations import load_warmer
+    from conversations.admission import load_gate_for_user
+
+    saturate(waiting=0)
+    browser = Client()
+    browser.force_login(alice)
+    socket = {"session_key": browser.session.session_key, "user_id": alice.pk}
+    load_warmer.socket_opened(**socket)
+    try:
+        load_warmer.warm_once()
+        assert load_warmer.session_verified(**socket)
+        with load.cached_only():
+            assert load_gate_for_user(user=alice)[0] == MODEL
+        browser.session.flush()
+        fleet_settings.ADMISSION_LOAD_CACHE_S = 0.0  # the next pass reads everything again
+        load_warmer.warm_once()
+        fleet_settings.ADMISSION_LOAD_CACHE_S = 60.0
+        assert not load_warmer.session_verified(**socket)
+    finally:
+        load_warmer.socket_closed(**socket)
+
+
+def test_a_request_let_through_the_cached_gate_counts_as_queued_until_cleared(
+    alice, fleet_settings, redis_clean
+):
+    saturate(waiting=0)
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 0
+    token = load.note_pending(model_name=MODEL, priority=10)
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 1  # a paid request is ahead of a free one
+    assert load.queued_ahead(model_name=MODEL, priority=11) == 0
+    load.clear_pending(token)
+    load.clear_pending(token)  # twice: nothing
+    assert load.queued_ahead(model_name=MODEL, priority=0) == 0

@@ -111,3 +111,44 @@ async def test_a_tier_change_applies_to_an_open_socket_at_its_next_send(
     error = await ws.receive_json_from()
     assert (error["type"], error["code"]) == ("error", "busy")
     await ws.disconnect()
+
+
+def refusals_from_memory() -> float:
+    """How many WebSocket refusals this process decided from memory (the histogram's count)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("chatsite:websocket_refusal_seconds_count", {"decided": "memory"}) or 0.0
+
+
+async def test_a_refusal_is_decided_from_warm_figures_and_an_ended_session_still_closes_the_socket(
+    session_cookie, alice, client, redis_clean, settings
+):
+    """With the figures warm (as the web process's warmer keeps them for its sockets' users) a busy refusal is
+    answered from memory, before any database read; the session check still follows and closes the socket."""
+    from conversations import load
+
+    settings.ADMISSION_MEAN_REPLY_TOKENS = 100
+    settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    await database_sync_to_async(queue_free_replies)(25)
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    ws = await open_socket(session_cookie)
+    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
+    before = refusals_from_memory()
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
+    assert (await ws.receive_json_from())["code"] == "busy"
+    assert refusals_from_memory() == before + 1
+
+    await database_sync_to_async(client.session.flush)()  # the session ends without any event
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
+    # The first frame's own session check may run after the flush (it follows its answer), so the socket
+    # closes at that check or at the next frame's, after at most this frame's busy refusal.
+    frames = [await ws.receive_json_from(timeout=5)]
+    if frames[0]["type"] != "session_ended":
+        frames.append(await ws.receive_json_from(timeout=5))
+    assert frames[-1] == {"type": "session_ended", "reason": "expired"}
+    assert all(f.get("code") == "busy" for f in frames[:-1]), frames
+    assert (await ws.receive_output(timeout=5))["code"] == 4401
+    assert not await database_sync_to_async(
+        Message.objects.filter(conversation__owner__username="alice").exists
+    )()

@@ -10,23 +10,28 @@ than the page's backoff, to keep the pressure on); once queued it waits for the 
 never reached a final state (**stuck**) or has no reply at all (**lost**), plus sends that got neither
 ``queued`` nor ``error`` within ``--ack-timeout`` (**unanswered**).
 
+The free clients run in a process of their own (``--one-process``: all in this one), so the paid clients'
+token streams do not delay the loop that times the refusals; each process probes its loop's lag, and the
+web process's own refusal timing (``chatsite:websocket_refusal_seconds`` from ``--metrics-url``, frame in ->
+error frame out) is printed beside the client's (``billing/management/overload_clients.py``).
+
 The clients are users of two dedicated tiers, ``overload-free`` / ``overload-paid``, copies of ``free`` /
 ``paid`` (same priority, thresholds and model) with rate and quota limits lifted and ``--max-tokens`` as the
 reply limit, so what refuses requests is the load, not a per-user limit. Start the stack first (``make
 run``); this command only talks to it over ws:// and reads the database.
 """
 
-import asyncio
 import json
-import random
 import time
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from accounts.models import User
 from accounts.sessions import session_cookie_for
+from billing.management import overload_clients as clients
 from billing.models import Tier
-from conversations.management.commands.loadtest import PROMPTS, percentile
+from conversations.management.commands.loadtest import percentile
 from conversations.models import Message
 
 FINAL = {"completed", "cancelled", "failed", "interrupted"}
@@ -50,6 +55,8 @@ class Command(BaseCommand):
         parser.add_argument("--drain", type=float, default=120.0, help="seconds to wait for stragglers")
         parser.add_argument("--skip-baseline", action="store_true", help="skip the paid-alone phase")
         parser.add_argument("--json", dest="json_path", help="also write the raw results here")
+        parser.add_argument("--one-process", action="store_true", help="free and paid clients on one loop")
+        parser.add_argument("--metrics-url", help="the web process's /metrics (default: ORIGIN/metrics)")
 
     def handle(self, *args, **o):
         if o["free"] < 0 or o["paid"] < 1 or o["duration"] <= 0:
@@ -58,12 +65,16 @@ class Command(BaseCommand):
         users = self.prepare_users(o["free"], o["paid"], o["max_tokens"])
         baseline = []
         if not o["skip_baseline"]:
-            baseline = asyncio.run(self.run_phase(users["paid"], o))
+            baseline, _ = self.run_phase([], users["paid"], o)
             self.wait_drained(users, o["drain"])
-        mixed = asyncio.run(self.run_phase(users["free"] + users["paid"], o))
+        metrics_url = o["metrics_url"] or f"{o['origin']}/metrics"
+        server_before = clients.server_refusal_histogram(metrics_url)
+        mixed, lags = self.run_phase(users["free"], users["paid"], o)
+        server_after = clients.server_refusal_histogram(metrics_url)
         self.wait_drained(users, o["drain"])
         lost, stuck = self.lost_and_stuck(users, since=run_started)
         table = self.summarize(mixed, baseline, lost, stuck)
+        table["measurement"] = self.measurement(lags, server_before, server_after)
         self.print_table(table, o)
         if o["json_path"]:
             with open(o["json_path"], "w") as fh:
@@ -103,62 +114,18 @@ class Command(BaseCommand):
 
     # --- the clients ----------------------------------------------------------------------------------------
 
-    async def run_phase(self, clients, o) -> list[dict]:
+    def run_phase(self, free, paid, o) -> tuple[list[dict], dict[str, list[float]]]:
+        """Both groups until ``--duration`` from now; ``(results, {process: loop lags in ms})``. The free
+        clients run in a forked process unless ``--one-process`` (or there are none)."""
         deadline = time.monotonic() + o["duration"]
-        per_client = await asyncio.gather(*(self.client(i, c, deadline, o) for i, c in enumerate(clients)))
-        return [r for rs in per_client for r in rs]
-
-    async def client(self, index, client, deadline, o) -> list[dict]:
-        import websockets
-
-        tier, cookie, _ = client
-        results = []
-        await asyncio.sleep(random.random())  # spread the first sends over a second
-        async with websockets.connect(
-            o["url"], additional_headers={"Cookie": cookie}, origin=o["origin"], max_size=None
-        ) as ws:
-            n = 0
-            while time.monotonic() < deadline:
-                prompt = PROMPTS[(index + n) % len(PROMPTS)]
-                n += 1
-                sent = time.monotonic()
-                await ws.send(json.dumps({"type": "send", "conversation_id": None, "content": prompt}))
-                result = {"tier": tier, "outcome": "unanswered"}
-                results.append(result)
-                try:
-                    frame = await self.next_frame(ws, {"queued", "error"}, o["ack_timeout"])
-                except TimeoutError:
-                    continue
-                if frame["type"] == "error":
-                    result.update(
-                        outcome="refused", code=frame["code"], refusal_ms=(time.monotonic() - sent) * 1000
-                    )
-                    await asyncio.sleep(o["retry_s"])
-                    continue
-                result.update(
-                    outcome="admitted", message_id=frame["message_id"], degraded=bool(frame.get("notice"))
-                )
-                try:
-                    while True:
-                        frame = await self.next_frame(ws, {"token", "done"}, o["reply_timeout"])
-                        if frame["type"] == "token" and "ttft_ms" not in result:
-                            result["ttft_ms"] = (time.monotonic() - sent) * 1000
-                        if frame["type"] == "done":
-                            result["status"] = frame["status"]
-                            break
-                except TimeoutError:
-                    result["status"] = "timeout"
-        return results
-
-    async def next_frame(self, ws, types: set[str], timeout: float) -> dict:
-        end = time.monotonic() + timeout
-        while True:
-            remaining = end - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            frame = json.loads(await asyncio.wait_for(ws.recv(), remaining))
-            if frame.get("type") in types:
-                return frame
+        if o["one_process"] or not free:
+            results, lags = clients.run_clients(free + paid, 0, deadline, o)
+            return results, {"one process": lags}
+        connections.close_all()  # the forked child must not share this process's database sockets
+        child = clients.run_clients_in_process(free, 0, deadline, o)
+        paid_results, paid_lags = clients.run_clients(paid, len(free), deadline, o)
+        free_results, free_lags = child.result()
+        return free_results + paid_results, {"free process": free_lags, "paid process": paid_lags}
 
     # --- after the run --------------------------------------------------------------------------------------
 
@@ -221,6 +188,21 @@ class Command(BaseCommand):
         }
         return table
 
+    def measurement(self, lags, server_before, server_after) -> dict:
+        """Loop lag of each client process (ms) and the web process's own refusal time (ms) in the mixed
+        phase, with the share of refusals it decided from memory."""
+        out = {
+            f"{name} loop lag ms": {"p50": percentile(v, 50), "p99": percentile(v, 99)}
+            for name, v in lags.items()
+        }
+        p50, n = clients.histogram_quantile(0.50, server_before, server_after)
+        p99, _ = clients.histogram_quantile(0.99, server_before, server_after)
+        memory = server_after.get("memory", {}).get(float("inf"), 0) - server_before.get("memory", {}).get(
+            float("inf"), 0
+        )
+        out["server refusal ms"] = {"p50": p50, "p99": p99, "count": n, "from memory": int(memory)}
+        return out
+
     def print_table(self, t, o) -> None:
         self.stdout.write(
             f"free clients={o['free']} paid clients={o['paid']} duration={o['duration']} s/phase "
@@ -244,3 +226,6 @@ class Command(BaseCommand):
             f"| paid alone | | {a['admitted']} | {a['refused']} | | | {a['ttft_ms']['p50']:.0f} / "
             f"{a['ttft_ms']['p99']:.0f} | | | |"
         )
+        for name, figures in t["measurement"].items():
+            extra = "".join(f", {k} {v}" for k, v in figures.items() if k not in ("p50", "p99"))
+            self.stdout.write(f"{name}: p50 {figures['p50']:.1f} / p99 {figures['p99']:.1f}{extra}")

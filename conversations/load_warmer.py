@@ -1,0 +1,110 @@
+"""Keeps this web process's admission figures, and its sockets' session checks, warm for its open WebSockets.
+
+Admission's inputs are cached ``ADMISSION_LOAD_CACHE_S`` (1 s) per process (:mod:`conversations.load`), and a
+user's tier is cached per user. A user who sends less often than that (everyone: the page backs off 10 s or
+more after a refusal) missed the cache at every send, and each frame's session check read PostgreSQL; under
+load those reads, each on a fresh connection and queued for a thread, were most of the refusal time. While
+this process has sockets that asked for admission in the last ``IDLE_S``, one task on its event loop runs,
+on a thread of its own every quarter of ``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what is older than
+half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
+queue figures of their tiers' models) and :func:`accounts.sessions.sessions_current` (every open socket's
+session in two queries). So a refusal is decided, and its socket's session known valid, from memory on the
+event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, a miss
+still reads it on the spot, and anything that stores still checks its session on the spot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from accounts.sessions import sessions_current
+from conversations import load
+
+logger = logging.getLogger(__name__)
+
+#: Seconds without a gated frame after which the warmer stops reading (and exits).
+IDLE_S = 30.0
+
+_sockets: Counter[tuple[str | None, int]] = (
+    Counter()
+)  # (session key, user id) -> open sockets of this process
+_verified: dict[tuple[str | None, int], float] = {}  # -> monotonic time its session was last found current
+_sessions_read_at = float("-inf")
+_last_activity = float("-inf")
+_task: asyncio.Task | None = None
+# Its own thread: a pass never queues behind the sockets' database calls in the loop's default executor.
+_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admission-warmer")
+
+
+def socket_opened(*, session_key: str | None, user_id: int) -> None:
+    """Count an open socket (the consumer's ``connect``)."""
+    _sockets[(session_key, user_id)] += 1
+
+
+def socket_closed(*, session_key: str | None, user_id: int) -> None:
+    """Forget one open socket (the consumer's ``disconnect``)."""
+    pair = (session_key, user_id)
+    _sockets[pair] -= 1
+    if _sockets[pair] <= 0:
+        del _sockets[pair]
+        _verified.pop(pair, None)
+
+
+def session_verified(*, session_key: str | None, user_id: int) -> bool:
+    """Whether a pass found this socket's session current less than ``ADMISSION_LOAD_CACHE_S`` ago."""
+    at = _verified.get((session_key, user_id))
+    return at is not None and time.monotonic() - at < settings.ADMISSION_LOAD_CACHE_S
+
+
+def note_activity() -> None:
+    """A socket of this process asked for admission: keep (or start) warming. Call on the event loop."""
+    global _last_activity, _task
+    _last_activity = time.monotonic()
+    if not settings.ADMISSION_WARM_SOCKETS:
+        return
+    loop = asyncio.get_running_loop()
+    if _task is None or _task.done() or _task.get_loop() is not loop:
+        _task = loop.create_task(_run(), name="admission-warmer")
+
+
+def warm_once() -> None:
+    """One pass: the admission figures of the open sockets' users and, when older than half
+    ``ADMISSION_LOAD_CACHE_S``, every open socket's session."""
+    global _sessions_read_at
+    pairs = list(_sockets)
+    load.warm(user_ids={user_id for _, user_id in pairs})
+    started = time.monotonic()
+    if started - _sessions_read_at >= settings.ADMISSION_LOAD_CACHE_S / 2:
+        current = sessions_current(pairs=pairs)
+        if current is not None:
+            for pair in pairs:
+                if pair in current:
+                    _verified[pair] = started
+                else:
+                    _verified.pop(pair, None)
+            _sessions_read_at = started
+
+
+def _warm_once_and_close() -> None:
+    try:
+        warm_once()
+    finally:
+        close_old_connections()  # in this call's own context (see consumers.db_call)
+
+
+async def _run() -> None:
+    warm = database_sync_to_async(_warm_once_and_close, thread_sensitive=False, executor=_executor)
+    while _sockets and time.monotonic() - _last_activity < IDLE_S:
+        try:
+            await warm()
+        except Exception:  # an outage: the consumer's own reads report it; try again next period
+            logger.warning("could not warm the admission figures", exc_info=True)
+        await asyncio.sleep(max(0.05, settings.ADMISSION_LOAD_CACHE_S / 4))
