@@ -27,6 +27,7 @@ def model_spec(name: str | None = None) -> ModelSpec:
         gguf_file=entry.get("gguf_file"),
         dtype=entry.get("dtype", "bfloat16"),
         context_length=int(entry.get("context_length", 2048)),
+        cpu_float32_fallback=bool(entry.get("cpu_float32_fallback", True)),
     )
 
 

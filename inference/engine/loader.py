@@ -47,14 +47,15 @@ def cpu_has_native_bf16() -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
-def compute_dtype(requested: str, device: torch.device) -> torch.dtype:
+def compute_dtype(requested: str, device: torch.device, *, fallback: bool = True) -> torch.dtype:
     """The dtype to load and run ``requested`` in on ``device``.
 
-    ``"bfloat16"`` becomes float32 on a CPU without native bf16 (see :func:`cpu_has_native_bf16`);
-    the weights' values are unchanged (bf16 widens to float32 exactly), only memory doubles.
+    ``"bfloat16"`` becomes float32 on a CPU without native bf16 (see :func:`cpu_has_native_bf16`)
+    unless ``fallback`` is false (``ModelSpec.cpu_float32_fallback``); the weights' values are unchanged
+    (bf16 widens to float32 exactly), only memory doubles.
     """
     dtype = _DTYPES[requested]
-    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
+    if fallback and dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_native_bf16():
         return torch.float32
     return dtype
 
@@ -256,7 +257,7 @@ def load_model(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = compute_dtype(spec.dtype, dev)
+    dtype = compute_dtype(spec.dtype, dev, fallback=spec.cpu_float32_fallback)
     if dtype != _DTYPES[spec.dtype]:
         logger.info("this CPU has no native bfloat16 (AVX512-BF16/AMX): running %s in float32", spec.name)
     try:

@@ -89,6 +89,7 @@ def test_bfloat16_runs_in_float32_on_a_cpu_without_native_bf16(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(loader_module, "cpu_has_native_bf16", lambda: False)
     assert compute_dtype("bfloat16", cpu) == torch.float32
+    assert compute_dtype("bfloat16", cpu, fallback=False) == torch.bfloat16  # memory-bound deployments
     assert compute_dtype("bfloat16", cuda) == torch.bfloat16
     assert compute_dtype("float32", cpu) == torch.float32
     monkeypatch.setattr(loader_module, "cpu_has_native_bf16", lambda: True)
