@@ -248,13 +248,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("internal_error", "Something went wrong; nothing was stored.")
 
     def refusal_from_memory(self, frame) -> AdmissionRefused | None:
-        """The load gate's refusal of a ``send`` (without ``client_id``: a resend may be answered from its
+        """The load gate's refusal of a ``send`` (but not a ``resend``: that one may be answered from its
         stored ticket) or ``regenerate`` frame, decided from cached figures only (the user's current tier,
         the fleet, the queue; kept warm by :mod:`conversations.load_warmer`); None when admitted, another
         frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before)."""
-        if not (
-            isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and frame.client_id is None)
-        ):
+        if not (isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and not frame.resend)):
             return None
         load_warmer.note_activity()
         try:
@@ -331,9 +329,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
-        # A resend with a client_id may be answered from its stored ticket first; a frame the cached gate
-        # already let through (pending) is not gated twice.
-        if frame.client_id is None and self.pending is None:
+        # A resend may be answered from its stored ticket first; a frame the cached gate already let through
+        # (pending) is not gated twice.
+        if not (frame.resend and frame.client_id) and self.pending is None:
             await self.admission_gate(frame.model)
         # The root span of the reply's trace; the Celery task carries its context to the worker. Off the
         # shared database thread: a late refusal (the service's exact admission) does not queue behind other

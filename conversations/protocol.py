@@ -62,13 +62,16 @@ class SendFrame(_Frame):
     """Send a user message; ``conversation_id`` None starts a new conversation. ``client_id`` (a UUID the
     page chooses per message) makes a resend idempotent: the same id answers with the stored ticket.
     ``model``: the model picked on the page for this conversation ("" = the tier's routing; left out =
-    keep the conversation's choice)."""
+    keep the conversation's choice). ``resend``: true when the page sends a keyed message again because the
+    connection dropped before the server answered; such a frame is never refused from the cached load
+    figures, since the first one may have been stored and must then be answered with its ticket."""
 
     type: Literal["send"]
     conversation_id: Id | None = None
     content: Text
     client_id: ClientId | None = None
     model: ModelName | None = None
+    resend: bool = False
 
 
 class StopFrame(_Frame):

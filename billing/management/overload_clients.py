@@ -19,6 +19,7 @@ import random
 import re
 import time
 import urllib.request
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 
 from conversations.management.commands.loadtest import PROMPTS
@@ -56,7 +57,14 @@ async def client(index: int, spec: tuple, deadline: float, o: dict) -> list[dict
             result = {"tier": tier, "outcome": "unanswered"}
             results.append(result)
             sent = time.monotonic()
-            await ws.send(json.dumps({"type": "send", "conversation_id": None, "content": prompt}))
+            # Keyed like the chat page's sends (a client_id per message), so the path measured is the page's.
+            frame = {
+                "type": "send",
+                "conversation_id": None,
+                "content": prompt,
+                "client_id": str(uuid.uuid4()),
+            }
+            await ws.send(json.dumps(frame))
             try:
                 frame = await _next_frame(ws, {"queued", "error"}, o["ack_timeout"])
             except TimeoutError:

@@ -313,6 +313,9 @@
     error(m) {
       const p = state.pending;
       if (RETRIED.has(m.code) && m.retry_after != null && p) {
+        // Admission refused a resend only after finding nothing stored under its client_id: the next try is
+        // a plain send again (the server may refuse it from its cached load figures).
+        if (m.code === 'busy' || m.code === 'rate_limited') delete p.frame.resend;
         startRetryCountdown(m.code, m.retry_after);
         return;
       }
@@ -381,6 +384,7 @@
       const p = state.pending;
       if (p?.transmitted && p.frame.client_id) {
         p.transmitted = false; // a keyed send is re-sent on reconnect: the server answers a duplicate with its ticket
+        p.frame.resend = true; // so the server looks for it before any load refusal
       } else if (p?.transmitted) { // sent, but the server never confirmed it: let the person decide
         abandonPending();
         showBanner('The connection dropped before the server confirmed your message. '

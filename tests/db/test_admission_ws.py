@@ -152,3 +152,42 @@ async def test_a_refusal_is_decided_from_warm_figures_and_an_ended_session_still
     assert not await database_sync_to_async(
         Message.objects.filter(conversation__owner__username="alice").exists
     )()
+
+
+async def test_a_keyed_send_is_refused_from_memory_but_a_resend_gets_its_stored_ticket(
+    session_cookie, alice, redis_clean, settings
+):
+    """The page keys every send (client_id): such a send is refused from the warm figures like any other;
+    a ``resend`` of a stored one is answered with its ticket even while the tier is refused."""
+    from conversations import load
+
+    settings.ADMISSION_MEAN_REPLY_TOKENS = 100
+    settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
+    settings.ADMISSION_LOAD_CACHE_S = 0.2
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    ws = await open_socket(session_cookie)
+    key = "4b0f5d2e-8c1a-4f5e-9a57-0e6c1d2b3a4f"
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello", "client_id": key})
+    queued = await ws.receive_json_from()
+    assert queued["type"] == "queued", queued
+
+    await database_sync_to_async(queue_free_replies)(25)  # now busy for free
+    await asyncio.sleep(0.3)  # the figures cached by that send have expired
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
+    before = refusals_from_memory()
+    other = "9c1d2b3a-4f5e-4a57-8e6c-0e6c1d2b3a4f"
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "again", "client_id": other})
+    assert (await ws.receive_json_from())["code"] == "busy"
+    assert refusals_from_memory() == before + 1
+
+    frame = {"type": "send", "conversation_id": None, "content": "hello", "client_id": key, "resend": True}
+    await ws.send_json_to(frame)
+    again = await ws.receive_json_from()
+    assert (again["type"], again["message_id"]) == ("queued", queued["message_id"]), again
+    assert refusals_from_memory() == before + 1
+    stored = await database_sync_to_async(
+        Message.objects.filter(conversation__owner__username="alice").count
+    )()
+    assert stored == 2  # the first send's user message and reply, nothing from the refusal or the resend
+    await ws.disconnect()
