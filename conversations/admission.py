@@ -19,6 +19,8 @@ order (the cheap fleet read first, so refusals under overload take milliseconds)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 
@@ -155,12 +157,28 @@ def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     )
 
 
-def load_gate(*, tier, model_name: str | None = None) -> tuple[str, float, bool]:
-    """The load part of admission alone: :func:`route` (``model_name``: the model a client named, see there)
-    then the hard cap and the tier's threshold. Raises ``AdmissionRefused`` (``no_workers``/``busy``). Reads
-    only cached figures, so a caller can refuse before opening a transaction; returns ``(model_name,
-    expected_wait_s, degraded)``."""
-    model_name, wait, degraded = route(tier=tier, model_name=model_name)
+#: The model a WebSocket frame's cached load gate admitted, set by the consumer around the reply-creating
+#: service it then calls (:func:`gate_passed`): that frame's load decision is made, the service keeps only the
+#: exact quota, concurrency and rate checks. Without it, a burst of frames let through on the same figures
+#: were judged again with every later frame of the burst counted ahead of them (pending) and refused late.
+_GATE_PASSED: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "admission_gate_passed", default=None
+)
+
+
+@contextlib.contextmanager
+def gate_passed(model_name: str | None):
+    """Within the block, :func:`admission_check` takes the load gate's decision for ``model_name`` (the model
+    the cached gate routed the frame to) as made: a request routed to that model is not refused ``busy``
+    again. ``None``: no decision (the block changes nothing). ``no_workers`` is always re-checked."""
+    token = _GATE_PASSED.set(model_name)
+    try:
+        yield
+    finally:
+        _GATE_PASSED.reset(token)
+
+
+def _refuse_over_threshold(*, tier, wait: float) -> None:
     if wait > settings.ADMISSION_HARD_CAP_WAIT_S:
         raise AdmissionRefused(
             "busy",
@@ -173,6 +191,17 @@ def load_gate(*, tier, model_name: str | None = None) -> tuple[str, float, bool]
             f"The service is busy for the {tier.display_name or tier.name} plan right now; retrying shortly.",
             retry_after=_retry_after(wait, tier.admit_max_wait_s),
         )
+
+
+def load_gate(*, tier, model_name: str | None = None) -> tuple[str, float, bool]:
+    """The load part of admission alone: :func:`route` (``model_name``: the model a client named, see there)
+    then the hard cap and the tier's threshold. Raises ``AdmissionRefused`` (``no_workers``/``busy``). Reads
+    only cached figures, so a caller can refuse before opening a transaction; returns ``(model_name,
+    expected_wait_s, degraded)``. Inside :func:`gate_passed` for the model routed to, the thresholds were
+    decided already and are not applied again."""
+    model_name, wait, degraded = route(tier=tier, model_name=model_name)
+    if _GATE_PASSED.get() != model_name:  # else this frame's cached gate already decided (gate_passed)
+        _refuse_over_threshold(tier=tier, wait=wait)
     return model_name, wait, degraded
 
 

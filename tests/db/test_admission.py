@@ -5,7 +5,7 @@ import pytest
 from django.db import transaction
 
 from billing.models import DailyQuota, QuotaReservation, Tier
-from conversations import generations, load, services
+from conversations import admission, generations, load, services
 from conversations.admission import AdmissionRefused, admission_check, prompt_tokens_upper_bound
 from conversations.models import Message
 from tests.db.conftest import fake_worker, publish_worker
@@ -74,6 +74,26 @@ def test_free_is_refused_above_its_threshold_while_paid_is_admitted(
     ticket = send(carol)
     assert ticket.message.status == Message.Status.QUEUED
     assert QuotaReservation.objects.get(message=ticket.message).tokens > 0
+
+
+def test_a_frame_its_cached_gate_admitted_is_not_refused_busy_again_by_the_service(
+    alice, fleet_settings, redis_clean
+):
+    """The consumer's gate decided the load for a frame (admission.gate_passed): the service's admission does
+    not refuse it ``busy`` on figures that now count later frames ahead of it, but still reserves its quota
+    and applies the concurrency cap; a decision for another model than the one routed to counts for nothing."""
+    saturate(waiting=20)  # 20 s: above free's 10 s threshold
+    with admission.gate_passed(MODEL):
+        ticket = send(alice)
+    assert ticket.message.status == Message.Status.QUEUED
+    assert QuotaReservation.objects.get(message=ticket.message).tokens > 0
+    with admission.gate_passed("another-model"), pytest.raises(AdmissionRefused) as refused:
+        send(alice, "again")
+    assert refused.value.code == "busy"
+    with admission.gate_passed(MODEL), pytest.raises(AdmissionRefused) as refused:
+        send(alice, "and again")
+    assert refused.value.code == "too_many_generations"  # the exact checks stay
+    assert Message.objects.filter(conversation__owner=alice, role="user").count() == 1
 
 
 def test_everyone_is_admitted_again_when_the_wait_falls_below_the_threshold(
