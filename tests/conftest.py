@@ -16,6 +16,19 @@ from tests.live_stack import (  # noqa: F401
 )
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """Each test gets new channel layer instances. A RedisChannelLayer counts its receivers and binds its
+    receive lock to the event loop of the first one; a receive left pending by an earlier test (whose event
+    loop pytest-asyncio has closed) would make the next test's first receive reuse that lock and fail with
+    "bound to a different event loop"."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 @pytest.fixture
 def make_user(db, django_user_model):
     """``make_user(username, tier="free", password="pw-Secret-123")`` -> a saved user."""
