@@ -169,14 +169,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
                 final = event
     assert final is not None, "the engine ends every request with a FinishEvent"
     t = final.timings
-    timer.finish(
-        finish_reason=final.finish_reason,
-        prompt_tokens=final.usage.prompt_tokens,
-        completion_tokens=final.usage.completion_tokens,
-        queue_ms=t.queue_ms,
-        ttft_ms=t.ttft_ms,
-        total_ms=t.total_ms,
-    )
+    timer.finish_event(final)
     _record_engine_spans(submitted_ns, t)
     logger.info(
         "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",

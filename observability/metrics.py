@@ -279,6 +279,18 @@ class ReplyTimer:
         GENERATION_TOKENS.labels(*labels).inc(completion_tokens)
         REQUEST_SUCCESS.labels(*labels, finish_reason).inc()
 
+    def finish_event(self, event) -> None:
+        """:meth:`finish` from an engine ``FinishEvent`` (its ``finish_reason``, ``usage`` and ``timings``)."""
+        t = event.timings
+        self.finish(
+            finish_reason=event.finish_reason,
+            prompt_tokens=event.usage.prompt_tokens,
+            completion_tokens=event.usage.completion_tokens,
+            queue_ms=t.queue_ms,
+            ttft_ms=t.ttft_ms,
+            total_ms=t.total_ms,
+        )
+
 
 class EngineCollector:
     """Scrape-time gauges from a worker host's ``engine.load()``: ``num_requests_running``,

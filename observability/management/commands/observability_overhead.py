@@ -169,15 +169,7 @@ class Command(BaseCommand):
         meter.reset()
 
         def finish(timer, span, event, submitted_ns):
-            t = event.timings
-            timer.finish(
-                finish_reason=event.finish_reason,
-                prompt_tokens=event.usage.prompt_tokens,
-                completion_tokens=event.usage.completion_tokens,
-                queue_ms=t.queue_ms,
-                ttft_ms=t.ttft_ms,
-                total_ms=t.total_ms,
-            )
+            timer.finish_event(event)
             for name in ("engine.queue_wait", "engine.prefill", "engine.decode"):
                 tracer.start_span(name, start_time=submitted_ns).end()
             span.end()
