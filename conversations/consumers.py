@@ -16,10 +16,10 @@ from collections import Counter
 
 import redis
 from channels.consumer import get_handler_name
-from channels.db import aclose_old_connections, database_sync_to_async
+from channels.db import aclose_old_connections
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 from django.http import Http404
 from pydantic import ValidationError
 
@@ -27,6 +27,7 @@ from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
 from conversations import admission, broadcast, generations, load, load_warmer
 from conversations.admission import AdmissionRefused
+from conversations.db_calls import db_call
 from conversations.protocol import (
     ContinueFrame,
     EditFrame,
@@ -49,22 +50,6 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_TRY_AGAIN_LATER = 1013
 #: Errors meaning a backing service (PostgreSQL, Redis) is unreachable, answered ``unavailable``.
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-
-
-def db_call(func, *, thread_sensitive: bool = True):
-    """``database_sync_to_async(func)`` whose database connections are closed (``CONN_MAX_AGE`` 0) before it
-    returns, inside ``func``'s own thread and context: with asgiref 3.13 a connection opened in the call
-    is not visible to the wrapper's own ``close_old_connections`` (it runs outside the call's context) and
-    was closed only by Channels' per-message hop, which :meth:`ChatConsumer.dispatch` drops."""
-
-    @functools.wraps(func)
-    def call(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return database_sync_to_async(call, thread_sensitive=thread_sensitive)
 
 
 class FrameBucket:

@@ -21,12 +21,11 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
 from accounts.sessions import sessions_current
 from conversations import load
+from conversations.db_calls import db_call
 
 logger = logging.getLogger(__name__)
 
@@ -93,15 +92,8 @@ def warm_once() -> None:
             _sessions_read_at = started
 
 
-def _warm_once_and_close() -> None:
-    try:
-        warm_once()
-    finally:
-        close_old_connections()  # in this call's own context (see consumers.db_call)
-
-
 async def _run() -> None:
-    warm = database_sync_to_async(_warm_once_and_close, thread_sensitive=False, executor=_executor)
+    warm = db_call(warm_once, thread_sensitive=False, executor=_executor)
     while _sockets and time.monotonic() - _last_activity < IDLE_S:
         try:
             await warm()
