@@ -87,7 +87,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
         self.sent_at: dict[int, float] = {}
         self.pending: int | None = None  # load.note_pending token of the frame being handled
-        self.gate_model: str | None = None  # the model that frame's cached gate admitted it to
         self.client_ttft: dict[int, float] = {}
         metrics.WS_OPEN.inc()
         self.counted_open = True
@@ -250,19 +249,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return exc
         # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
         self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
-        self.gate_model = model_name
         return None
 
     def admitting(self, service):
         """``service`` (a reply-creating service) that first stops counting this frame's pending request, on
-        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`); the
-        frame's end clears it too, should the call never run."""
-        token, gate_model = self.pending, self.gate_model if self.pending is not None else None
+        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`), and
+        runs it inside ``admission.gate_passed`` for the model the gate let it through to; the frame's end
+        clears the pending request too, should the call never run."""
+        token = self.pending
 
         @functools.wraps(service)
         def call(**kwargs):
-            load.clear_pending(token)
-            with admission.gate_passed(gate_model):  # the cached gate's load decision stands
+            # The model the cached gate let this frame through to: its load decision stands.
+            with admission.gate_passed(load.clear_pending(token)):
                 return service(**kwargs)
 
         return call

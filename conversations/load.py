@@ -125,10 +125,12 @@ def note_pending(*, model_name: str, priority: int) -> int:
     return token
 
 
-def clear_pending(token: int | None) -> None:
-    """Stop counting the request of ``token`` (None or an already cleared token: nothing)."""
+def clear_pending(token: int | None) -> str | None:
+    """Stop counting the request of ``token``; returns the model it was let through to (None or an already
+    cleared token: nothing, None)."""
     with _cache_lock:
-        _pending.pop(token, None)
+        entry = _pending.pop(token, None)
+    return entry[0] if entry else None
 
 
 @dataclass(frozen=True)
@@ -200,12 +202,9 @@ def current_tier(user_id: int):
 
 def note_user_tier(*, user_id: int, tier_id: int) -> None:
     """Cache ``tier_id`` as user ``user_id``'s tier, read just now (a WebSocket's user row, loaded for its
-    handshake), unless a newer reading is cached."""
-    now = time.monotonic()
+    handshake)."""
     with _cache_lock:
-        hit = _cache.get(("user_tier", user_id))
-        if hit is None or hit[0] < now:
-            _cache[("user_tier", user_id)] = (now, tier_id)
+        _cache[("user_tier", user_id)] = (time.monotonic(), tier_id)
 
 
 def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
