@@ -50,12 +50,21 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
     if not session_key:
         return False
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    if str(store.get(SESSION_KEY)) != str(user_id) or not store.get(BACKEND_SESSION_KEY):
+    if not _names_user(store, user_id):
         return False
-    user = get_user_model().objects.filter(pk=user_id).first()
+    return _signs_in(store, get_user_model().objects.filter(pk=user_id).first())
+
+
+def _names_user(session, user_id: int) -> bool:
+    """Whether ``session`` (a session store or its decoded dict) was written by a log-in of ``user_id``."""
+    return str(session.get(SESSION_KEY)) == str(user_id) and bool(session.get(BACKEND_SESSION_KEY))
+
+
+def _signs_in(session, user) -> bool:
+    """Whether ``user`` (None: gone) is active and ``session``'s auth hash matches its current password."""
     if user is None or not user.is_active:
         return False
-    session_hash = store.get(HASH_SESSION_KEY)
+    session_hash = session.get(HASH_SESSION_KEY)
     return bool(session_hash) and constant_time_compare(session_hash, user.get_session_auth_hash())
 
 
@@ -78,13 +87,8 @@ def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
     by_id = {user.pk: user for user in users}
     current = set()
     for key, user_id in pairs:
-        session, user = data.get(key), by_id.get(user_id)
-        if session is None or user is None or not user.is_active:
-            continue
-        if str(session.get(SESSION_KEY)) != str(user_id) or not session.get(BACKEND_SESSION_KEY):
-            continue
-        session_hash = session.get(HASH_SESSION_KEY)
-        if session_hash and constant_time_compare(session_hash, user.get_session_auth_hash()):
+        session = data.get(key)
+        if session is not None and _names_user(session, user_id) and _signs_in(session, by_id.get(user_id)):
             current.add((key, user_id))
     return current
 
