@@ -40,7 +40,7 @@ from conversations.protocol import (
     parse_client_frame,
 )
 from conversations.selectors import message_get_for_user
-from observability import metrics, tracing
+from observability import metrics, refusals, tracing
 from observability.logs import log_context, new_request_id
 
 logger = logging.getLogger(__name__)
@@ -246,6 +246,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except load.CacheMiss:
             return None
         except AdmissionRefused as exc:
+            self.count_gate_refusal(exc)
             return exc
         # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
         self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
@@ -305,14 +306,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         # right here on the event loop, else on a worker thread (thread_sensitive=False: not queued behind
         # other clients' database work). A conversation's remembered model is checked in the service.
         try:
-            with load.cached_only():
-                admission.load_gate_for_user(user=self.user, model_name=model or "")
-            return
-        except load.CacheMiss:
-            pass
-        await db_call(admission.load_gate_for_user, thread_sensitive=False)(
-            user=self.user, model_name=model or ""
-        )
+            try:
+                with load.cached_only():
+                    admission.load_gate_for_user(user=self.user, model_name=model or "")
+                return
+            except load.CacheMiss:
+                pass
+            await db_call(admission.load_gate_for_user, thread_sensitive=False)(
+                user=self.user, model_name=model or ""
+            )
+        except AdmissionRefused as exc:
+            self.count_gate_refusal(exc)
+            raise
+
+    def count_gate_refusal(self, exc: AdmissionRefused) -> None:
+        """Count a refusal decided at this consumer's gate as the service counts its own
+        (``admission_rejections_total`` by tier and reason, and the staff page's per-minute counts), with no
+        Redis round trip on the event loop (:func:`observability.refusals.refusal_note`)."""
+        tier = self.user.tier.name
+        metrics.observe_admission(tier=tier, refused_code=exc.code)
+        refusals.refusal_note(tier=tier, reason=exc.code)
 
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()

@@ -191,3 +191,53 @@ async def test_a_keyed_send_is_refused_from_memory_but_a_resend_gets_its_stored_
     )()
     assert stored == 2  # the first send's user message and reply, nothing from the refusal or the resend
     await ws.disconnect()
+
+
+def rejections(reason: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"tier": "free", "reason": reason}
+    return REGISTRY.get_sample_value("chatsite:admission_rejections_total", labels) or 0.0
+
+
+async def test_refusals_at_the_gate_are_counted_for_metrics_and_the_staff_page(
+    session_cookie, alice, redis_clean, settings
+):
+    """A refusal decided at the consumer's gate (from memory, or after a read) counts in
+    ``admission_rejections_total`` and, within a second or so, in the staff page's per-minute counts, just as a
+    refusal decided by the service does."""
+    from conversations import load
+    from observability import refusals
+
+    await database_sync_to_async(refusals.refusals_flush)()  # what earlier tests of this process noted
+    counted = await database_sync_to_async(refusals.refusals_recent)(minutes=2)
+    ws = await open_socket(session_cookie)
+    before = rejections("no_workers")
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})  # read at the gate
+    assert (await ws.receive_json_from())["code"] == "no_workers"
+    assert rejections("no_workers") == before + 1
+
+    settings.ADMISSION_MEAN_REPLY_TOKENS = 100
+    settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    await database_sync_to_async(queue_free_replies)(25)
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
+    before_busy, before_memory = rejections("busy"), refusals_from_memory()
+    for _ in range(2):
+        await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
+        assert (await ws.receive_json_from())["code"] == "busy"
+    assert refusals_from_memory() == before_memory + 2
+    assert rejections("busy") == before_busy + 2
+
+    def added(recent, reason):
+        return recent.get(("free", reason), 0) - counted.get(("free", reason), 0)
+
+    deadline = asyncio.get_running_loop().time() + refusals.NOTE_FLUSH_S + 5
+    while asyncio.get_running_loop().time() < deadline:
+        recent = await database_sync_to_async(refusals.refusals_recent)(minutes=2)
+        if added(recent, "busy") == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert (added(recent, "no_workers"), added(recent, "busy")) == (1, 2), (counted, recent)
+    await ws.disconnect()

@@ -224,3 +224,27 @@ def test_api_requests_are_counted_by_status(client):
     client.get("/healthz")  # outside /v1/: not counted
     assert REGISTRY.get_sample_value("chatsite:api_requests_total", {"status": "404"}) == before + 1
     assert REGISTRY.get_sample_value("chatsite:api_requests_total", {"status": "200"}) == ok_before
+
+
+def test_refusals_noted_on_the_event_loop_survive_a_redis_error_until_the_next_flush(
+    redis_clean, monkeypatch
+):
+    import asyncio
+
+    refusals.refusals_flush()  # anything an earlier test of this process noted
+
+    async def gate_refuses():
+        refusals.refusal_note(tier="free", reason="busy")
+        refusals.refusal_note(tier="free", reason="busy")
+
+    asyncio.run(gate_refuses())
+
+    def outage():
+        raise ConnectionError("redis down")
+
+    monkeypatch.setattr(refusals.broadcast, "redis_client", outage)
+    assert refusals.refusals_flush() == 0
+    monkeypatch.undo()
+    assert refusals.refusals_recent(minutes=1).get(("free", "busy")) is None
+    assert refusals.refusals_flush() == 2
+    assert refusals.refusals_recent(minutes=1)[("free", "busy")] == 2
