@@ -61,12 +61,41 @@ class PeakRss:
         self._sample()
 
 
+def step_summary(steps: list) -> dict:
+    """Where a run's engine time went, from its :class:`~inference.engine.StepStats`: decode-only steps (count,
+    summed seconds, p50 ms, mean batch), steps with prefill tokens (count, summed seconds, prefill tokens), and
+    the share of steps run at each intra-op thread count."""
+    decode = sorted(s.duration_s for s in steps if s.num_prefill_tokens == 0)
+    prefill = [s for s in steps if s.num_prefill_tokens]
+    threads: dict[str, int] = {}
+    for s in steps:
+        threads[str(s.num_threads)] = threads.get(str(s.num_threads), 0) + 1
+    return {
+        "decode_steps": len(decode),
+        "decode_s": round(sum(decode), 3),
+        "decode_step_ms_p50": round(decode[len(decode) // 2] * 1e3, 1) if decode else None,
+        "decode_batch_mean": round(
+            sum(s.num_decode_tokens for s in steps if not s.num_prefill_tokens) / max(1, len(decode)), 1
+        ),
+        "prefill_steps": len(prefill),
+        "prefill_s": round(sum(s.duration_s for s in prefill), 3),
+        "prefill_tokens": sum(s.num_prefill_tokens for s in prefill),
+        "threads_share": {k: round(v / max(1, len(steps)), 3) for k, v in sorted(threads.items())},
+    }
+
+
 class OursBackend:
     """``inference.engine.LLMEngine`` in its background thread, followed by one asyncio loop (no thread per
     stream), with per-token events (``token_events=True``) so every token is stamped as it arrives."""
 
     def __init__(
-        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int, dtype: str
+        self,
+        model_dir: str,
+        threads: int | None,
+        max_seqs: int,
+        max_batch_tokens: int,
+        dtype: str,
+        adaptive_threads: bool = True,
     ) -> None:
         from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
 
@@ -74,9 +103,15 @@ class OursBackend:
         spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype=dtype)
         loaded = load_model(spec, os.path.dirname(model_dir.rstrip("/")), device="cpu", num_threads=threads)
         config = EngineConfig(
-            max_num_seqs=max_seqs, max_num_batched_tokens=max_batch_tokens, device="cpu", num_threads=threads
+            max_num_seqs=max_seqs,
+            max_num_batched_tokens=max_batch_tokens,
+            device="cpu",
+            num_threads=threads,
+            adaptive_threads=adaptive_threads,
         )
         self.engine = LLMEngine(loaded, config)
+        self.steps: list = []
+        self.engine.add_step_listener(self.steps.append)
         self.engine.start()
 
     def run(self, wl: Workload) -> tuple[list[dict], dict]:
@@ -85,6 +120,7 @@ class OursBackend:
         from inference.engine import SampledTokenEvent, SamplingParams
 
         self.engine.prefix_cache.clear()
+        self.steps.clear()
         before = self.engine.load()
         records: list[dict] = []
         t0 = time.perf_counter() + 0.05
@@ -119,6 +155,7 @@ class OursBackend:
             "prefix_cache_query_tokens": after.prefix_cache_query_tokens_total
             - before.prefix_cache_query_tokens_total,
             "threads_now": self.engine.num_threads,
+            "steps": step_summary(self.steps),
         }
         return records, extra
 
@@ -204,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seqs", type=int, default=32)
     p.add_argument("--max-batch-tokens", type=int, default=512)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument(
+        "--fixed-threads", action="store_true", help="ours: keep --threads (no adaptation to contention)"
+    )
     args = p.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
     # libraries and of child processes (vLLM's engine core) cannot corrupt it.
@@ -211,8 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     started = time.perf_counter()
-    cls = OursBackend if args.system == "ours" else VllmBackend
-    backend = cls(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)
+    if args.system == "ours":
+        backend = OursBackend(
+            args.model,
+            args.threads,
+            args.max_seqs,
+            args.max_batch_tokens,
+            args.dtype,
+            adaptive_threads=not args.fixed_threads,
+        )
+    else:
+        backend = VllmBackend(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)
     print(
         json.dumps({"ready": True, "startup_s": round(time.perf_counter() - started, 1)}),
         file=out,

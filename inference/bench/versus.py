@@ -20,6 +20,7 @@ Example::
     python -m inference.bench.versus --systems ours --workloads uniform32 --conditions quiet,busy
     python -m inference.bench.versus --systems ours,ours@2048,vllm   # ours at two per-step token budgets
     python -m inference.bench.versus --systems ours,vllm,vllm:float32  # vLLM in bf16 and in float32
+    python -m inference.bench.versus --systems ours,ours+fixed,vllm  # ours with adaptive and with fixed threads
 """
 
 from __future__ import annotations
@@ -48,9 +49,15 @@ class Server:
     def __init__(self, system: str, model_dir: str, threads: int | None, python: str) -> None:
         # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own;
         # "vllm:float32": another dtype than the default bfloat16.
+        # "ours+fixed": ours with a fixed thread count (no adaptation to contention).
         name, _, budget = system.partition("@")
+        name, _, variant = name.partition("+")
         base, _, dtype = name.partition(":")
         cmd = [python, "-m", "inference.bench.serve", "--system", base, "--model", model_dir]
+        if variant == "fixed":
+            cmd.append("--fixed-threads")
+        elif variant:
+            raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed)")
         if budget:
             cmd += ["--max-batch-tokens", budget]
         if dtype:
@@ -63,7 +70,11 @@ class Server:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all" if not threads else f"0-{threads - 1}")
         self.system = system
         self.log = open(
-            os.path.join(ROOT, "bench-results", f"serve-{system.replace('@', '-').replace(':', '-')}.log"),
+            os.path.join(
+                ROOT,
+                "bench-results",
+                f"serve-{system.replace('@', '-').replace(':', '-').replace('+', '-')}.log",
+            ),
             "w",
         )  # noqa: SIM115
         t = time.perf_counter()
@@ -224,7 +235,8 @@ def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
                     print(
                         f"# round {rnd} {s:5s} {wname:9s} {cond:5s} "
                         f"{sm.get('output_tok_s')} tok/s TTFT p99 {sm.get('ttft_ms_p99')} ms "
-                        f"RSS {cell.get('peak_rss_mb')} MB {cell.get('error', '')}",
+                        f"ITL p50 {sm.get('itl_ms_p50')} ms RSS {cell.get('peak_rss_mb')} MB "
+                        f"{cell.get('steps', '')} {cell.get('error', '')}",
                         file=sys.stderr,
                         flush=True,
                     )
