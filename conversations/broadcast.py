@@ -41,6 +41,13 @@ def stream_key(message_id: int) -> str:
     return f"chatsite:stream:{message_id}"
 
 
+def progress_key(message_id: int) -> str:
+    """Redis key holding the type of the last ``started`` or ``done`` frame published for one message: set
+    once the reply left ``queued``, so a socket that just joined its group can tell whether it missed any
+    frame (:func:`reply_progressed`)."""
+    return f"chatsite:progress:{message_id}"
+
+
 def lease_key(message_id: int) -> str:
     """Redis key a worker keeps alive (TTL seconds) while it owns a generation, holding its fleet id
     (``host:pid``); gone => worker died."""
@@ -183,14 +190,19 @@ def _group_send(message_id: int, frame: dict[str, Any]) -> None:
 
 
 def publish(message_id: int, frame: dict[str, Any]) -> None:
-    """Send a frame to everyone watching ``message_id`` now (tokens also go to the replay stream)."""
-    if frame["type"] == "token":
+    """Send a frame to everyone watching ``message_id`` now. Tokens also go to the replay stream, and
+    ``started`` / ``done`` mark the reply's progress key; both are written before the group send, which
+    :func:`reply_progressed` relies on."""
+    kind = frame["type"]
+    if kind == "token":
         client = redis_client()
         key = stream_key(message_id)
         pipe = client.pipeline(transaction=False)
         pipe.xadd(key, {"seq": frame["seq"], "text": frame["text"]})
         pipe.expire(key, settings.STREAM_REPLAY_TTL_S)
         pipe.execute()
+    elif kind in ("started", "done"):
+        redis_client().set(progress_key(message_id), kind, ex=settings.STREAM_REPLAY_TTL_S)
     _group_send(message_id, frame)
 
 
@@ -256,3 +268,11 @@ async def replay_tokens(message_id: int, *, after_seq: int) -> list[dict[str, An
         if seq > after_seq:
             frames.append(frame_token(message_id=message_id, seq=seq, text=fields[b"text"].decode()))
     return frames
+
+
+async def reply_progressed(message_id: int) -> bool:
+    """Whether a ``started`` or ``done`` frame of ``message_id`` has been published (within the last
+    ``STREAM_REPLAY_TTL_S`` seconds). Each is marked before its group send and every token follows
+    ``started``, so a socket that joined the reply's group and then reads False has missed no frame: all
+    of them reach it live. One Redis read, no database."""
+    return bool(await _async_redis().exists(progress_key(message_id)))
