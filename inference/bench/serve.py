@@ -96,6 +96,7 @@ class OursBackend:
         max_batch_tokens: int,
         dtype: str,
         adaptive_threads: bool = True,
+        native_kernels: bool = True,
     ) -> None:
         from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
 
@@ -108,6 +109,7 @@ class OursBackend:
             device="cpu",
             num_threads=threads,
             adaptive_threads=adaptive_threads,
+            native_kernels=native_kernels,
         )
         self.engine = LLMEngine(loaded, config)
         self.steps: list = []
@@ -244,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fixed-threads", action="store_true", help="ours: keep --threads (no adaptation to contention)"
     )
+    p.add_argument(
+        "--sdpa", action="store_true", help="ours: torch SDPA for decode attention (no native kernel)"
+    )
     args = p.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
     # libraries and of child processes (vLLM's engine core) cannot corrupt it.
@@ -259,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_batch_tokens,
             args.dtype,
             adaptive_threads=not args.fixed_threads,
+            native_kernels=not args.sdpa,
         )
     else:
         backend = VllmBackend(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)

@@ -21,6 +21,7 @@ Example::
     python -m inference.bench.versus --systems ours,ours@2048,vllm   # ours at two per-step token budgets
     python -m inference.bench.versus --systems ours,vllm,vllm:float32  # vLLM in bf16 and in float32
     python -m inference.bench.versus --systems ours,ours+fixed,vllm  # ours with adaptive and with fixed threads
+    python -m inference.bench.versus --systems ours,ours+sdpa,vllm  # decode attention: native kernel vs SDPA
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ class Server:
     def __init__(self, system: str, model_dir: str, threads: int | None, python: str) -> None:
         # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own;
         # "vllm:float32": another dtype than the default bfloat16.
-        # "ours+fixed": ours with a fixed thread count (no adaptation to contention).
+        # "ours+fixed": ours with a fixed thread count (no adaptation to contention); "ours+sdpa": decode
+        # attention in torch's SDPA instead of the native kernel; "ours+fixed+sdpa": both.
         name, _, budget = system.partition("@")
-        name, _, variant = name.partition("+")
+        name, *variants = name.split("+")
         base, _, dtype = name.partition(":")
         cmd = [python, "-m", "inference.bench.serve", "--system", base, "--model", model_dir]
-        if variant == "fixed":
-            cmd.append("--fixed-threads")
-        elif variant:
-            raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed)")
+        flags = {"fixed": "--fixed-threads", "sdpa": "--sdpa"}
+        for variant in variants:
+            if variant not in flags:
+                raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed, sdpa)")
+            cmd.append(flags[variant])
         if budget:
             cmd += ["--max-batch-tokens", budget]
         if dtype:

@@ -99,6 +99,9 @@ class EngineConfig:
             so a later prompt that starts with the same tokens (the next turn of a conversation)
             skips prefilling them. Least recently used blocks are evicted. 0 disables it.
         prefix_cache_block_size: Tokens per cached block (the hashing and eviction unit).
+        native_kernels: On CPU, run decode attention in the engine's native kernel
+            (:mod:`inference.engine.kernels`, compiled with the system C compiler on first use, cached under
+            ``INFERENCE_KERNEL_DIR``); ``False``, or no compiler, keeps torch's SDPA.
     """
 
     max_num_seqs: int = 32
@@ -111,6 +114,7 @@ class EngineConfig:
     priority_ageing_s: float | None = 5.0
     prefix_cache_tokens: int = 8192
     prefix_cache_block_size: int = 16
+    native_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -149,7 +149,9 @@ class LLMEngine:
             dtype=loaded.dtype,
             device=loaded.device,
         )
-        self._runner = ModelRunner(self.model, self.kv, max_positions=self.context_length)
+        self._runner = ModelRunner(
+            self.model, self.kv, max_positions=self.context_length, native_kernels=self.config.native_kernels
+        )
         self.vocab_size = self._runner.vocab_size
         self.prefix_cache = PrefixCache(
             self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens
