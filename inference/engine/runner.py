@@ -195,7 +195,9 @@ class ModelRunner:
             )
         self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack)
         kernel = kernels.decode_attention() if native_kernels and self.device.type == "cpu" else None
-        supported = kernel is not None and kernel.supports(self.dtype, head_dim=self.head_dim, n_rep=self.n_rep)
+        supported = kernel is not None and kernel.supports(
+            self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
+        )
         self.decode_kernel = kernel if supported else None
         self.packed = self.lm_head.packed is not None
         self.intermediate = wgu.shape[0] // 2
