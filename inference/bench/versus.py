@@ -42,6 +42,8 @@ from .workloads import RealisticParams, corpus_token_ids, realistic_workload, un
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VLLM_PYTHON = os.path.join(ROOT, ".venv-vllm", "bin", "python")
+#: Seconds of quiet before each cell, so no system starts while the previous one still runs down.
+SETTLE_S = 2.0
 
 
 class Server:
@@ -213,6 +215,7 @@ def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
         for wname, wl in wls.items():
             for cond in conditions:
                 for s, server in servers.items():
+                    time.sleep(SETTLE_S)  # the previous cell's system winds down (vLLM's threads spin on)
                     neighbour = None
                     if cond == "busy":
                         neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])

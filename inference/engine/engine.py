@@ -583,10 +583,13 @@ class LLMEngine:
         try:
             while True:
                 with self._cond:
+                    idle = not self._requests
                     while not self._stopping and not self._requests:
                         self._cond.wait()
                     if self._stopping:
                         return
+                if idle and adaptive is not None:
+                    adaptive.resume()  # judge contention from now on, not over the idle spell
                 try:
                     self.step()
                 except Exception:  # step() already isolates request failures; be defensive

@@ -148,6 +148,14 @@ class AdaptiveThreads:
         """Thread count for ``other_cores`` busy elsewhere (pure function of the sample)."""
         return max(1, min(self.max_threads, self.max_threads - int(other_cores + 0.5)))
 
+    def resume(self) -> None:
+        """Call when the engine gets work after waiting idle: the next decision reads only the contention from
+        now on. Without this, the first window after an idle spell averages what other processes did while the
+        engine had nothing to do (a neighbour's burst that has ended) and can step down for a whole long
+        prefill step; a neighbour still busy is seen after ``interval_s`` as before."""
+        self._monitor.sample()
+        self._next = time.monotonic() + self.interval_s
+
     def poll(self) -> int | None:
         """Call between steps. Returns a new thread count to apply, or ``None`` to keep the current one."""
         now = time.monotonic()

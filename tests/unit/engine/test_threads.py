@@ -37,6 +37,16 @@ def test_steps_down_at_once_and_up_after_two_calm_intervals():
     assert policy.current == 2 and policy.changes == 2
 
 
+def test_resuming_after_idle_starts_a_fresh_window_instead_of_judging_the_idle_spell():
+    # The idle spell's reading (a neighbour's burst that ended: 1.5 cores) is dropped by resume(); the first
+    # decision after it reads the next window (calm), so the engine keeps both threads.
+    policy = AdaptiveThreads(2, interval_s=0.0)
+    policy._monitor = _Script([1.5, 0.1, 1.2])
+    policy.resume()
+    assert policy.poll() is None and policy.current == 2
+    assert policy.poll() == 1  # a neighbour still busy is seen at the next window as before
+
+
 def test_default_threads_follow_the_affinity_mask():
     import os
 
