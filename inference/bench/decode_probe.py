@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("threads", type=int)
     p.add_argument("steps", type=int, nargs="?", default=32)
     p.add_argument("--neighbour", action="store_true")
-    p.add_argument("--sdpa", action="store_true", help="torch SDPA for decode attention (no native kernel)")
+    p.add_argument("--torch", action="store_true", help="torch's SDPA and oneDNN only (no native kernels)")
     p.add_argument("--cache-dir", default="var/models")
     args = p.parse_args(argv)
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         device="cpu",
         num_threads=args.threads,
         prefix_cache_tokens=0,
-        native_kernels=not args.sdpa,
+        native_kernels=not args.torch,
     )
     engine = LLMEngine(loaded, config)
     prompt = list(range(1000, 1128))
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "n": args.n,
         "threads": args.threads,
-        "decode_attention": "sdpa" if args.sdpa else "native",
+        "kernels": "torch" if args.torch else "native",
         "neighbour": args.neighbour,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", ""),

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fixed-threads", action="store_true", help="ours: keep --threads (no adaptation to contention)"
     )
     p.add_argument(
-        "--sdpa", action="store_true", help="ours: torch SDPA for decode attention (no native kernel)"
+        "--torch", action="store_true", help="ours: torch's SDPA and oneDNN only (no native kernels)"
     )
     args = p.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_batch_tokens,
             args.dtype,
             adaptive_threads=not args.fixed_threads,
-            native_kernels=not args.sdpa,
+            native_kernels=not args.torch,
         )
     else:
         backend = VllmBackend(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)

@@ -21,7 +21,7 @@ Example::
     python -m inference.bench.versus --systems ours,ours@2048,vllm   # ours at two per-step token budgets
     python -m inference.bench.versus --systems ours,vllm,vllm:float32  # vLLM in bf16 and in float32
     python -m inference.bench.versus --systems ours,ours+fixed,vllm  # ours with adaptive and with fixed threads
-    python -m inference.bench.versus --systems ours,ours+sdpa,vllm  # decode attention: native kernel vs SDPA
+    python -m inference.bench.versus --systems ours,ours+torch,vllm  # native kernels vs torch's SDPA + oneDNN
 """
 
 from __future__ import annotations
@@ -52,16 +52,16 @@ class Server:
     def __init__(self, system: str, model_dir: str, threads: int | None, python: str) -> None:
         # "ours@2048": ours with another per-step token budget (max_num_batched_tokens), as a system of its own;
         # "vllm:float32": another dtype than the default bfloat16.
-        # "ours+fixed": ours with a fixed thread count (no adaptation to contention); "ours+sdpa": decode
-        # attention in torch's SDPA instead of the native kernel; "ours+fixed+sdpa": both.
+        # "ours+fixed": ours with a fixed thread count (no adaptation to contention); "ours+torch": torch's SDPA
+        # and oneDNN instead of the native kernels (EngineConfig.native_kernels=False); "ours+fixed+torch": both.
         name, _, budget = system.partition("@")
         name, *variants = name.split("+")
         base, _, dtype = name.partition(":")
         cmd = [python, "-m", "inference.bench.serve", "--system", base, "--model", model_dir]
-        flags = {"fixed": "--fixed-threads", "sdpa": "--sdpa"}
+        flags = {"fixed": "--fixed-threads", "torch": "--torch"}
         for variant in variants:
             if variant not in flags:
-                raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed, sdpa)")
+                raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed, torch)")
             cmd.append(flags[variant])
         if budget:
             cmd += ["--max-batch-tokens", budget]

@@ -79,14 +79,24 @@ class _Linear:
     falls back if the private op is missing or disagrees.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        pack: bool,
+        rows: kernels.LinearRows | None = None,
+    ) -> None:
         self.weight = weight
         self.bias = bias
         self.packed: torch.Tensor | None = None
         if pack:
             self.packed = _try_pack(weight, bias)
+        # A decode step of one sequence: the native kernel streams the weights at memory bandwidth.
+        self.rows = rows if rows is not None and rows.supports(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None and 0 < x.shape[0] <= self.rows.USE_UP_TO_ROWS:
+            return self.rows(x.contiguous(), self.weight, self.bias)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -144,8 +154,9 @@ class ModelRunner:
             q_proj`` ... ``mlp.down_proj``, ``model.model.norm``, ``lm_head``), in eval mode.
         kv: The KV cache the runner writes into and attends over.
         max_positions: Size of the RoPE tables (the context length).
-        native_kernels: Use the native decode-attention kernel on CPU when it can be built
-            (:func:`.kernels.decode_attention`); ``False`` keeps torch's SDPA.
+        native_kernels: Use the native CPU kernels when they can be built (:mod:`.kernels`: decode
+            attention, and the projections of a one-sequence decode step); ``False`` keeps torch's SDPA and
+            oneDNN everywhere.
 
     Raises:
         EngineError: unsupported architecture features (activation other than SiLU, dynamic
@@ -178,6 +189,8 @@ class ModelRunner:
             and self.dtype in (torch.bfloat16, torch.float32)
             and torch.backends.mkldnn.is_available()
         )
+        native = native_kernels and self.device.type == "cpu"
+        rows = kernels.linear_rows() if native else None
         self.layers: list[_Layer] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -186,15 +199,15 @@ class ModelRunner:
             self.layers.append(
                 _Layer(
                     ln1=layer.input_layernorm.weight.data,
-                    qkv=_Linear(wqkv, bqkv, pack),
-                    o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack),
+                    qkv=_Linear(wqkv, bqkv, pack, rows),
+                    o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows),
                     ln2=layer.post_attention_layernorm.weight.data,
-                    gate_up=_Linear(wgu, bgu, pack),
-                    down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack),
+                    gate_up=_Linear(wgu, bgu, pack, rows),
+                    down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack, rows),
                 )
             )
-        self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack)
-        kernel = kernels.decode_attention() if native_kernels and self.device.type == "cpu" else None
+        self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack, rows)
+        kernel = kernels.decode_attention() if native else None
         supported = kernel is not None and kernel.supports(
             self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
         )

@@ -1,5 +1,5 @@
-"""The native decode-attention kernel (inference/engine/kernels): builds here, matches SDPA, and leaves the
-engine's greedy output unchanged."""
+"""The native CPU kernels (inference/engine/kernels): they build here, decode attention matches SDPA, the
+few-rows linear matches F.linear, and the engine's greedy output is the same with them and without."""
 
 import shutil
 import sys
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import SamplingParams
-from inference.engine.kernels import decode_attention
+from inference.engine.kernels import decode_attention, linear_rows
 from tests.unit.engine.helpers import collect
 
 pytestmark = pytest.mark.skipif(
@@ -66,15 +66,51 @@ def test_kernel_refuses_bad_input_with_value_error():
         kernel(q.half(), cache.half(), cache.half(), slots, torch.tensor([5, 5]), 0.125)  # float16
 
 
-def test_engine_greedy_output_is_the_same_with_the_kernel_and_with_sdpa(make_engine):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_rows_matches_f_linear(dtype, rows, with_bias):
+    kernel = linear_rows()
+    gen = torch.Generator().manual_seed(rows)
+    weight = (torch.randn(1000, 576, generator=gen) * 0.05).to(dtype)  # 1000: not a multiple of the block
+    bias = torch.randn(1000, generator=gen).to(dtype) if with_bias else None
+    x = torch.randn(rows, 576, generator=gen).to(dtype)
+    assert kernel is not None and kernel.supports(weight)
+
+    got = kernel(x, weight, bias)
+
+    want = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert got.shape == (rows, 1000) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+def test_linear_rows_refuses_what_it_does_not_take():
+    kernel = linear_rows()
+    assert kernel is not None
+    weight = torch.randn(32, 64)
+    with pytest.raises(ValueError):
+        kernel(torch.randn(kernel.MAX_ROWS + 1, 64), weight, None)  # too many rows
+    with pytest.raises(ValueError):
+        kernel(torch.randn(1, 64).bfloat16(), weight, None)  # mixed dtypes
+    assert not kernel.supports(torch.randn(32, 40))  # in-features not a multiple of 16
+    assert not kernel.supports(torch.randn(64, 32).t())  # not contiguous
+
+
+def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engine):
+    # Staggered lengths: steps of 5, 4, 3, 2 and finally 1 decoding sequence (the few-rows kernel's case).
     prompts = [[5 + i, 9, 11 + 2 * i, 40] * (1 + i) for i in range(5)]
-    params = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+    lengths = [6 + 5 * i for i in range(5)]
     outputs = {}
     for native in (True, False):
         engine = make_engine(native_kernels=native)
         assert (engine._runner.decode_kernel is not None) is native
-        handles = [engine.submit(p, params) for p in prompts]
+        assert (engine._runner.lm_head.rows is not None) is native
+        handles = [
+            engine.submit(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, lengths, strict=True)
+        ]
         engine.run_until_idle()
         outputs[native] = [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
     assert outputs[True] == outputs[False]
-    assert all(len(tokens) == 24 for tokens in outputs[True])
+    assert [len(tokens) for tokens in outputs[True]] == lengths
