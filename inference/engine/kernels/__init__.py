@@ -62,7 +62,8 @@ def _build(sources: tuple[Path, ...], gomp: Path, out_dir: Path) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     link = ["-shared", f"-L{gomp.parent}", f"-l:{gomp.name}", "-lmvec", "-lm", f"-Wl,-rpath,{gomp.parent}"]
-    content = b"".join(source.read_bytes() for source in sources)
+    headers = sorted(sources[0].parent.glob("*.h"))
+    content = b"".join(path.read_bytes() for path in (*sources, *headers))
     digest = hashlib.sha256(content + repr((cc, _CFLAGS, link, str(gomp))).encode()).hexdigest()[:16]
     target = out_dir / f"engine-kernels-{digest}.so"
     if target.exists():

@@ -114,3 +114,26 @@ def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engi
         outputs[native] = [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
     assert outputs[True] == outputs[False]
     assert [len(tokens) for tokens in outputs[True]] == lengths
+
+
+def test_without_a_working_compiler_the_engine_warns_and_keeps_torchs_kernels(
+    make_engine, monkeypatch, tmp_path, caplog
+):
+    from inference.engine import kernels
+
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("INFERENCE_KERNEL_DIR", str(tmp_path))
+    kernels._library.cache_clear()
+    try:
+        assert kernels.decode_attention() is None and kernels.linear_rows() is None
+        assert "native kernels off" in caplog.text
+        engine = make_engine()
+        assert engine._runner.decode_kernel is None and engine._runner.lm_head.rows is None
+        handle = engine.submit(
+            [5, 9, 11, 40], SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True)
+        )
+        engine.run_until_idle()
+        assert len([t for e in collect(handle)[0] for t in e.token_ids]) == 5
+    finally:
+        kernels._library.cache_clear()
+    assert not list(tmp_path.glob("*.so"))
