@@ -80,6 +80,7 @@ def engine_config() -> EngineConfig:
         adaptive_threads=settings.INFERENCE_ADAPTIVE_THREADS,
         priority_ageing_s=settings.INFERENCE_PRIORITY_AGEING_S or None,
         prefix_cache_tokens=settings.INFERENCE_PREFIX_CACHE_TOKENS,
+        native_kernels=settings.INFERENCE_NATIVE_KERNELS,
     )
 
 
