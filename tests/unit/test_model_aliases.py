@@ -42,4 +42,3 @@ def test_an_alias_of_an_unregistered_model_stops_start_up():
     )
     assert done.returncode != 0
     assert "INFERENCE_MODEL_ALIASES: gpt-4o=no-such-model names no registered model" in done.stderr
-
