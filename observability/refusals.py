@@ -27,15 +27,21 @@ def _key(minute: int) -> str:
     return f"{KEY_PREFIX}{minute}"
 
 
+def _write(counts: dict[tuple[int, str, str], int]) -> None:
+    """Add ``{(minute, tier, reason): n}`` to the per-minute hashes in one pipeline. Raises Redis errors."""
+    pipe = broadcast.redis_client().pipeline(transaction=False)
+    for (minute, tier, reason), n in counts.items():
+        pipe.hincrby(_key(minute), f"{tier}|{reason}", n)
+        pipe.expire(_key(minute), KEEP_S)
+    pipe.execute()
+
+
 def refusal_record(*, tier: str, reason: str, now: float | None = None) -> None:
     """Count one refusal (``reason``: an ``AdmissionRefused.code``). Never raises: a Redis outage must not
     turn a refusal into a server error."""
     minute = int((now or time.time()) // 60)
     try:
-        pipe = broadcast.redis_client().pipeline(transaction=False)
-        pipe.hincrby(_key(minute), f"{tier}|{reason}", 1)
-        pipe.expire(_key(minute), KEEP_S)
-        pipe.execute()
+        _write({(minute, tier, reason): 1})
     except Exception:
         logger.warning("could not count a refusal", exc_info=True)
 
@@ -66,11 +72,7 @@ def refusals_flush() -> int:
     if not batch:
         return 0
     try:
-        pipe = broadcast.redis_client().pipeline(transaction=False)
-        for (minute, tier, reason), n in batch.items():
-            pipe.hincrby(_key(minute), f"{tier}|{reason}", n)
-            pipe.expire(_key(minute), KEEP_S)
-        pipe.execute()
+        _write(batch)
     except Exception:
         logger.warning(
             "could not count %d refusals; kept for the next flush", sum(batch.values()), exc_info=True
