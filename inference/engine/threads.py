@@ -26,15 +26,20 @@ logger = logging.getLogger(__name__)
 _OMP_PAUSE_SOFT = 1
 
 
-def _libgomp() -> ctypes.CDLL | None:
+def loaded_libgomp_paths() -> list[str]:
+    """Paths of the libgomp shared objects this process has loaded (torch's OpenMP runtime), sorted; empty
+    when none is loaded or this is not Linux (``/proc/self/maps``)."""
     if not sys.platform.startswith("linux"):
-        return None
+        return []
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line and "/" in line}
+            return sorted({line.split()[-1] for line in maps if "libgomp" in line and "/" in line})
     except OSError:
-        return None
-    for path in sorted(paths):
+        return []
+
+
+def _libgomp() -> ctypes.CDLL | None:
+    for path in loaded_libgomp_paths():
         try:
             lib = ctypes.CDLL(path)
         except OSError:

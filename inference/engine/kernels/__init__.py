@@ -28,22 +28,14 @@ from pathlib import Path
 
 import torch
 
+from ..threads import loaded_libgomp_paths
+
 logger = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.c", "linear_rows.c"))
 # -ffast-math at compile time only (vectorised expf from glibc's libmvec, reassociated sums); the link step
 # does not get it, so no crtfastmath constructor changes the process's denormal handling.
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=gnu11"]
-
-
-def _loaded_libgomp() -> Path | None:
-    """Path of the libgomp this process has loaded (torch's), or ``None``."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libgomp" in line and "/" in line})
-    except OSError:
-        return None
-    return Path(paths[0]) if paths else None
 
 
 def kernel_dir() -> Path:
@@ -224,7 +216,8 @@ class LinearRows:
 def _library() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
-    gomp = _loaded_libgomp()
+    paths = loaded_libgomp_paths()
+    gomp = Path(paths[0]) if paths else None
     if gomp is None:
         logger.warning("native kernels off: this process has no libgomp loaded (torch uses another runtime)")
         return None
