@@ -92,7 +92,7 @@ class DecodeAttention:
         self._fns = {torch.bfloat16: lib.decode_attention_bf16, torch.float32: lib.decode_attention_f32}
         for fn in self._fns.values():
             fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float]
+            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
 
     def supports(self, dtype: torch.dtype, *, head_dim: int, n_rep: int) -> bool:
         """Whether the kernel takes a model with this dtype, head dimension and query heads per KV head."""
@@ -124,8 +124,6 @@ class DecodeAttention:
             or q.device.type != "cpu"
         ):
             raise ValueError("decode_attention: unsupported dtype, layout or device")
-        if nd and (int(slots.min()) < 0 or int(slots.max()) >= k_cache.shape[0]):
-            raise ValueError("decode_attention: slot out of range")
         out = torch.empty_like(q)
         code = fn(
             q.data_ptr(),
@@ -138,6 +136,7 @@ class DecodeAttention:
             nkv,
             rep,
             hd,
+            k_cache.shape[0],
             k_cache.shape[2],
             scale,
         )

@@ -8,7 +8,8 @@
  *   q     [nd, nkv, rep, hd]   the decoding rows' queries, the rep = n_heads / n_kv_heads query heads of a
  *                              KV head next to each other (GQA: query head h uses KV head h / rep, as HF)
  *   k, v  [slots, nkv, slot_len, hd]   the cache (inference/engine/kv_cache.py)
- *   slot  [nd] int64, len [nd] int64   each row's slot and number of cached positions (>= 1) to attend over
+ *   slot  [nd] int64, len [nd] int64   each row's slot (< slots) and number of cached positions (>= 1) to attend
+ *                              over
  *   out   [nd, nkv, rep, hd]
  * Math: out = softmax(scale * q . k[0:len]) @ v[0:len], in float32 (as torch's flash-attention CPU kernel
  * accumulates bf16 inputs), rounded to bf16 round-to-nearest-even on output.
@@ -16,7 +17,7 @@
  * Why: torch's SDPA on CPU runs this case (query length 1-3 after folding GQA) at ~5 GB/s of K/V, a third
  * of the decode step at 32 sequences; here one work item per (sequence, KV head) reads its K rows once for
  * all rep query heads and its V rows once (the work split of vLLM's CPU paged-attention kernel).
- * Returns 0, or 1 for unsupported geometry (hd not a multiple of 16 or > 256, rep > 8), 2 for a bad length,
+ * Returns 0, or 1 for unsupported geometry (hd not a multiple of 16 or > 256, rep > 8), 2 for a bad slot or length,
  * 3 when scratch memory could not be allocated; the caller then falls back to SDPA.
  */
 #include <math.h>
@@ -94,11 +95,11 @@ DEFINE_ITEM(item_f32, float, load_row_f32, F32_STORE)
 
 #define DEFINE_KERNEL(NAME, T, ITEM)                                                                          \
     int NAME(const T *q, const T *k, const T *v, const int64_t *slot, const int64_t *len, T *out, int64_t nd,  \
-             int64_t nkv, int64_t rep, int64_t hd, int64_t slot_len, float scale) {                            \
+             int64_t nkv, int64_t rep, int64_t hd, int64_t slots, int64_t slot_len, float scale) {             \
         if (hd % LANES != 0 || hd > MAX_HD || rep < 1 || rep > MAX_REP) return 1;                              \
         int64_t max_len = 1;                                                                                   \
         for (int64_t i = 0; i < nd; i++) {                                                                     \
-            if (len[i] < 1 || len[i] > slot_len) return 2;                                                     \
+            if (slot[i] < 0 || slot[i] >= slots || len[i] < 1 || len[i] > slot_len) return 2;                 \
             if (len[i] > max_len) max_len = len[i];                                                            \
         }                                                                                                      \
         int failed = 0;                                                                                        \
