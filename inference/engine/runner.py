@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import block_quant, kernels
 from .errors import EngineError
 from .kv_cache import KVCache
 
@@ -85,6 +85,7 @@ class _Linear:
         bias: torch.Tensor | None,
         pack: bool,
         rows: kernels.LinearRows | None = None,
+        blocks: kernels.LinearBlocks | None = None,
     ) -> None:
         self.weight = weight
         self.bias = bias
@@ -93,8 +94,13 @@ class _Linear:
             self.packed = _try_pack(weight, bias)
         # A decode step of one sequence: the native kernel streams the weights at memory bandwidth.
         self.rows = rows if rows is not None and rows.supports(weight) else None
+        # Weights that are exactly GGUF block-quantized values: the few-rows kernel reads the blocks instead.
+        self.block_weight = block_quant.recover(weight) if blocks is not None else None
+        self.blocks = blocks if self.block_weight is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocks is not None and 0 < x.shape[0] <= self.blocks.USE_UP_TO_ROWS:
+            return self.blocks(x.contiguous(), self.block_weight, self.bias)
         if self.rows is not None and 0 < x.shape[0] <= self.rows.USE_UP_TO_ROWS:
             return self.rows(x.contiguous(), self.weight, self.bias)
         if self.packed is not None:
@@ -191,6 +197,8 @@ class ModelRunner:
         )
         native = native_kernels and self.device.type == "cpu"
         rows = kernels.linear_rows() if native else None
+        blocks = kernels.linear_blocks() if native else None
+        self.elementwise = kernels.elementwise() if native else None
         self.layers: list[_Layer] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -199,14 +207,14 @@ class ModelRunner:
             self.layers.append(
                 _Layer(
                     ln1=layer.input_layernorm.weight.data,
-                    qkv=_Linear(wqkv, bqkv, pack, rows),
-                    o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows),
+                    qkv=_Linear(wqkv, bqkv, pack, rows, blocks),
+                    o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks),
                     ln2=layer.post_attention_layernorm.weight.data,
-                    gate_up=_Linear(wgu, bgu, pack, rows),
-                    down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack, rows),
+                    gate_up=_Linear(wgu, bgu, pack, rows, blocks),
+                    down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack, rows, blocks),
                 )
             )
-        self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack, rows)
+        self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack, rows, blocks)
         kernel = kernels.decode_attention() if native else None
         supported = kernel is not None and kernel.supports(
             self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
@@ -234,6 +242,8 @@ class ModelRunner:
         # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, cast back, then the weight
         # multiply in the model dtype. F.rms_norm without weight is the same float32 math in one
         # kernel (bit-identical; checked by test_runner_matches_hf_modules).
+        if self.elementwise is not None:
+            return self.elementwise.rms_norm(x, weight, self.eps)
         h = F.rms_norm(x.float(), self._norm_shape, eps=self.eps)
         return weight * h.to(x.dtype)
 
@@ -299,8 +309,11 @@ class ModelRunner:
 
             h = self._rms_norm(x, lw.ln2)
             gu = lw.gate_up(h)
-            act = F.silu(gu[:, : self.intermediate])
-            act.mul_(gu[:, self.intermediate :])
+            if self.elementwise is not None:
+                act = self.elementwise.silu_mul(gu)
+            else:
+                act = F.silu(gu[:, : self.intermediate])
+                act.mul_(gu[:, self.intermediate :])
             x.add_(lw.down(act))
 
         rows = batch.logit_rows

@@ -2,7 +2,8 @@
 
 :func:`decode_attention` (``decode_attention.c``: attention of one query token per decoding sequence over the
 slot KV cache) and :func:`linear_rows` (``linear_rows.c``: ``x @ W.T`` for a few rows, streaming the weights at memory
-bandwidth; the engine uses it for one-sequence decode steps). Nothing here needs Python or torch headers, so a build takes about a second;
+bandwidth; the engine uses it for one-sequence decode steps) and :func:`linear_blocks` (``linear_blocks.c``: the
+same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`). Nothing here needs Python or torch headers, so a build takes about a second;
 the shared object is cached under ``INFERENCE_KERNEL_DIR`` (default ``~/.cache/chatsite/kernels``), named by
 a hash of the source, the flags and the OpenMP runtime it links, and written atomically (concurrent builds by
 several processes are safe). The object links the libgomp torch already loaded, so the kernel's parallel
@@ -28,11 +29,15 @@ from pathlib import Path
 
 import torch
 
+from ..block_quant import QK, BlockWeight
 from ..threads import loaded_libgomp_paths
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("decode_attention.c", "linear_rows.c"))
+_SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("decode_attention.c", "linear_rows.c", "linear_blocks.c", "elementwise.c")
+)
 # -ffast-math at compile time only (vectorised expf from glibc's libmvec, reassociated sums); the link step
 # does not get it, so no crtfastmath constructor changes the process's denormal handling.
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=gnu11"]
@@ -211,6 +216,118 @@ class LinearRows:
         return y
 
 
+class LinearBlocks:
+    """``linear_blocks.c`` bound with ctypes: ``y = x @ W.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``, with ``W``
+    in GGUF block form (:class:`~inference.engine.block_quant.BlockWeight`, Q4_1 or Q8_0).
+
+    A one-sequence decode step is bound by the bytes of weights it reads; the default model's weights are
+    block-quantized values, which this kernel reads at ~5 (Q4_1) or ~8.5 (Q8_0) bits each instead of the 32 of
+    float32, computing in float32 with exactly those values (llama.cpp's dot-product factoring, activations not
+    quantized). Call with ``x`` ``[m, k]`` (float32 or bfloat16, contiguous), the weight's ``BlockWeight`` and
+    ``bias`` ``[n]`` (``x``'s dtype) or ``None``; returns ``[m, n]`` in ``x``'s dtype.
+
+    Raises:
+        ValueError: a dtype, shape or row count the kernel does not take.
+    """
+
+    #: Rows the binding takes (the kernel itself goes through any number, 8 at a time: ``MAX_M``).
+    MAX_ROWS = 64
+    #: Rows up to which the engine uses it (measured: Performance, round 6).
+    USE_UP_TO_ROWS = 8
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fns = {
+            ("q4_1", torch.float32): lib.linear_q4_1_f32,
+            ("q4_1", torch.bfloat16): lib.linear_q4_1_bf16,
+            ("q8_0", torch.float32): lib.linear_q8_0_f32,
+            ("q8_0", torch.bfloat16): lib.linear_q8_0_bf16,
+        }
+        for fn in self._fns.values():
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+
+    def __call__(self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        m, k = x.shape
+        n, nb = weight.d.shape
+        fn = self._fns.get((weight.kind, x.dtype))
+        if (
+            fn is None
+            or not 1 <= m <= self.MAX_ROWS
+            or nb * QK != k
+            or not x.is_contiguous()
+            or x.device.type != "cpu"
+            or (
+                bias is not None and (bias.dtype != x.dtype or bias.shape != (n,) or not bias.is_contiguous())
+            )
+        ):
+            raise ValueError("linear_blocks: unsupported dtype, shape or row count")
+        y = torch.empty((m, n), dtype=x.dtype)
+        scratch = torch.empty(m * k + m * nb, dtype=torch.float32)
+        code = fn(
+            x.data_ptr(),
+            weight.qs.data_ptr(),
+            weight.d.data_ptr(),
+            None if weight.mn is None else weight.mn.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+            scratch.data_ptr(),
+        )
+        if code:
+            raise ValueError(f"linear_blocks: kernel refused the call (code {code})")
+        return y
+
+
+class Elementwise:
+    """``elementwise.c`` bound with ctypes: a Llama layer's RMSNorm and SiLU-and-multiply, one call each.
+
+    Both take contiguous CPU tensors of one dtype (float32 or bfloat16) and return new ones; the math and the
+    rounding points are torch's (``LlamaRMSNorm``, ``F.silu(gate) * up``), the mean of squares summed in another
+    order.
+
+    Raises:
+        ValueError: a dtype, shape or layout the kernels do not take.
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._norm = {torch.float32: lib.rms_norm_f32, torch.bfloat16: lib.rms_norm_bf16}
+        self._silu_mul = {torch.float32: lib.silu_mul_f32, torch.bfloat16: lib.silu_mul_bf16}
+        for fn in self._norm.values():
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+        for fn in self._silu_mul.values():
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``weight * (x * rsqrt(mean(x**2, -1) + eps))`` for ``x`` ``[rows, dim]`` and ``weight`` ``[dim]``."""
+        fn = self._norm.get(x.dtype)
+        if (
+            fn is None
+            or x.dim() != 2
+            or weight.shape != (x.shape[1],)
+            or weight.dtype != x.dtype
+            or not (x.is_contiguous() and weight.is_contiguous())
+            or x.device.type != "cpu"
+        ):
+            raise ValueError("rms_norm: unsupported dtype, shape or layout")
+        y = torch.empty_like(x)
+        fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate_up[:, :I]) * gate_up[:, I:]`` for ``gate_up`` ``[rows, 2 * I]``; returns ``[rows, I]``."""
+        fn = self._silu_mul.get(gate_up.dtype)
+        if fn is None or gate_up.dim() != 2 or gate_up.shape[1] % 2 or not gate_up.is_contiguous():
+            raise ValueError("silu_mul: unsupported dtype, shape or layout")
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        y = torch.empty((rows, inter), dtype=gate_up.dtype)
+        fn(gate_up.data_ptr(), y.data_ptr(), rows, inter)
+        return y
+
+
 @cache
 def _library() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
@@ -231,6 +348,19 @@ def decode_attention() -> DecodeAttention | None:
     """The native decode-attention kernel, built on first use; ``None`` (warned once) when it cannot be had."""
     lib = _library()
     return DecodeAttention(lib) if lib is not None else None
+
+
+def linear_blocks() -> LinearBlocks | None:
+    """The native block-quantized linear kernel, built on first use; ``None`` (warned once) when it cannot be had."""
+    lib = _library()
+    return LinearBlocks(lib) if lib is not None else None
+
+
+def elementwise() -> Elementwise | None:
+    """The native RMSNorm / SiLU-and-multiply kernels, built on first use; ``None`` (warned once) when they cannot be
+    had."""
+    lib = _library()
+    return Elementwise(lib) if lib is not None else None
 
 
 def linear_rows() -> LinearRows | None:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import SamplingParams
-from inference.engine.kernels import decode_attention, linear_rows
+from inference.engine.kernels import decode_attention, elementwise, linear_rows
 from tests.unit.engine.helpers import collect
 
 pytestmark = pytest.mark.skipif(
@@ -95,6 +95,40 @@ def test_linear_rows_refuses_what_it_does_not_take():
         kernel(torch.randn(1, 64).bfloat16(), weight, None)  # mixed dtypes
     assert not kernel.supports(torch.randn(32, 40))  # in-features not a multiple of 16
     assert not kernel.supports(torch.randn(64, 32).t())  # not contiguous
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 200])  # one thread / split over the OpenMP threads
+def test_elementwise_kernels_match_torch(dtype, rows):
+    kernels = elementwise()
+    assert kernels is not None
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 576, generator=gen) * 4).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 3).to(dtype)
+
+    normed = kernels.rms_norm(x, weight, 1e-5)
+    act = kernels.silu_mul(gate_up)
+
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    want_norm = weight * F.rms_norm(x.float(), (576,), eps=1e-5).to(dtype)
+    want_act = F.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    assert normed.dtype == dtype and act.shape == (rows, 1536) and act.dtype == dtype
+    torch.testing.assert_close(normed, want_norm, rtol=tol, atol=tol)
+    torch.testing.assert_close(act, want_act, rtol=tol, atol=tol)
+
+
+def test_elementwise_kernels_refuse_what_they_do_not_take():
+    kernels = elementwise()
+    assert kernels is not None
+    with pytest.raises(ValueError):
+        kernels.rms_norm(torch.randn(2, 64), torch.randn(32), 1e-5)  # weight of another width
+    with pytest.raises(ValueError):
+        kernels.rms_norm(torch.randn(64, 2).t(), torch.randn(64), 1e-5)  # not contiguous
+    with pytest.raises(ValueError):
+        kernels.silu_mul(torch.randn(2, 63))  # odd width: no gate/up halves
+    with pytest.raises(ValueError):
+        kernels.silu_mul(torch.randn(2, 64).half())  # float16
 
 
 def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engine):

@@ -1,0 +1,49 @@
+/* The per-layer element-wise steps of a Llama layer, one call each instead of several torch ops.
+ *
+ * At batch 1 a decode step runs ~600 small torch ops (RMSNorm alone is pow, mean, add, rsqrt and two muls,
+ * ~40 us per call on 2 threads); each is dispatched, allocated and (from torch's grain size up) forked onto
+ * the OpenMP pool. These kernels do the same math in one pass per row:
+ *   rms_norm:  y = w * (x * rsqrt(mean(x^2) + eps))      (LlamaRMSNorm; the product x * r rounded to T first)
+ *   silu_mul:  y[t, j] = silu(gu[t, j]) * gu[t, I + j]    (LlamaMLP's act(gate) * up on the fused gate_up)
+ * Layouts (contiguous): x, y [rows, dim]; w [dim]; gu [rows, 2 * inter], y [rows, inter]; element type float or
+ * bf16 (uint16_t, rounded to nearest even at the same points torch rounds). Sums in float32; the results match
+ * torch's up to float rounding of the mean. Rows split over torch's OpenMP threads only when there is enough
+ * work to pay for the fork.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.h"
+
+#define F32_ID(x) (x)
+#define PARALLEL_MIN 65536 /* elements: below this one thread is faster than forking */
+
+#define DEFINE_ELEMENTWISE(SUFFIX, T, LOAD, STORE)                                                          \
+    void rms_norm_##SUFFIX(const T *x, const T *w, T *y, int64_t rows, int64_t dim, float eps) {              \
+        _Pragma("omp parallel for schedule(static) if (rows * dim >= PARALLEL_MIN)")                          \
+        for (int64_t r = 0; r < rows; r++) {                                                                  \
+            const T *xr = x + r * dim;                                                                        \
+            T *yr = y + r * dim;                                                                              \
+            float ss = 0.f;                                                                                   \
+            for (int64_t j = 0; j < dim; j++) {                                                               \
+                const float v = LOAD(xr[j]);                                                                  \
+                ss += v * v;                                                                                  \
+            }                                                                                                 \
+            const float inv = 1.f / sqrtf(ss / (float)dim + eps);                                             \
+            for (int64_t j = 0; j < dim; j++) yr[j] = STORE(LOAD(w[j]) * LOAD(STORE(LOAD(xr[j]) * inv)));     \
+        }                                                                                                     \
+    }                                                                                                         \
+    void silu_mul_##SUFFIX(const T *gu, T *y, int64_t rows, int64_t inter) {                                  \
+        _Pragma("omp parallel for schedule(static) if (rows * inter >= PARALLEL_MIN)")                        \
+        for (int64_t r = 0; r < rows; r++) {                                                                  \
+            const T *g = gu + r * 2 * inter, *u = g + inter;                                                  \
+            T *yr = y + r * inter;                                                                            \
+            for (int64_t j = 0; j < inter; j++) {                                                             \
+                const float a = LOAD(g[j]);                                                                   \
+                yr[j] = STORE(LOAD(STORE(a / (1.f + expf(-a)))) * LOAD(u[j]));                                \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+DEFINE_ELEMENTWISE(f32, float, F32_ID, F32_ID)
+DEFINE_ELEMENTWISE(bf16, uint16_t, bf16_to_f32, f32_to_bf16)

@@ -1,0 +1,162 @@
+"""GGUF block weights (inference/engine/block_quant.py, kernels/linear_blocks.c): Q4_1 / Q8_0 blocks are
+recovered bit for bit from dequantized weights and from nothing else, the kernel matches F.linear on those
+weights, and the engine uses it without changing its greedy output.
+
+gguf-py's own quantize/dequantize (the package the loader converts GGUF files with) is the independent oracle.
+"""
+
+import copy
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+
+from inference.engine import SamplingParams
+from inference.engine.block_quant import BlockWeight, dequantize, recover
+from inference.engine.kernels import linear_blocks
+from inference.engine.loader import LoadedModel
+from tests.unit.engine.helpers import collect
+
+needs_gcc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
+)
+KINDS = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+
+
+def gguf_roundtrip(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """``weight`` quantized and dequantized by gguf-py (what the loader's float32 copy of a GGUF holds)."""
+    qtype = KINDS[kind]
+    blocks = quants.quantize(weight.detach().numpy().astype(np.float32), qtype)
+    return torch.from_numpy(np.ascontiguousarray(quants.dequantize(blocks, qtype))).float()
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_recover_gives_back_gguf_blocks_bit_for_bit(kind):
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(100, 576, generator=gen) * 0.07
+    weight[3, :32] = 0.25  # a constant block (d = 0)
+    weight[4, 32:64] = -torch.linspace(0, 1, 32)
+    stored = gguf_roundtrip(weight, kind)
+
+    block = recover(stored)
+
+    assert block is not None and block.kind == kind
+    assert block.d.shape == (100, 18) and block.d.dtype == torch.float32
+    assert torch.equal(block.d, block.d.half().float())  # float16 scales, as in the file
+    assert torch.equal(dequantize(block), stored)
+    assert block.nbytes < stored.numel() * 4 / 3.5
+
+
+def test_recover_refuses_weights_that_are_not_exactly_block_quantized():
+    gen = torch.Generator().manual_seed(4)
+    plain = torch.randn(64, 128, generator=gen)
+    q4 = gguf_roundtrip(plain, "q4_1")
+    assert recover(plain) is None  # a trained / random float32 weight
+    assert recover(q4.bfloat16()) is None  # bf16 rounding loses the blocks
+    assert recover(q4[:, :100].contiguous()) is None  # in-features not a multiple of 32
+    nudged = q4.clone()
+    nudged[7, 5] = torch.nextafter(nudged[7, 5], torch.tensor(1.0))  # one value one ulp off
+    assert recover(nudged) is None
+    broken = q4.clone()
+    broken[0, 0] = float("nan")
+    assert recover(broken) is None
+
+
+@needs_gcc
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 19])
+def test_linear_blocks_matches_f_linear_on_the_same_weights(kind, dtype, rows):
+    kernel = linear_blocks()
+    assert kernel is not None
+    gen = torch.Generator().manual_seed(rows)
+    stored = gguf_roundtrip(torch.randn(1000, 576, generator=gen) * 0.05, kind)  # 1000: not a multiple of 32
+    block = recover(stored)
+    bias = torch.randn(1000, generator=gen).to(dtype)
+    x = torch.randn(rows, 576, generator=gen).to(dtype)
+
+    got = kernel(x, block, bias)
+    without_bias = kernel(x, block, None)
+
+    want = F.linear(x.double(), stored.double(), bias.double())
+    assert got.shape == (rows, 1000) and got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(without_bias.double(), want - bias.double(), rtol=tol, atol=tol)
+
+
+@needs_gcc
+def test_linear_blocks_refuses_what_it_does_not_take():
+    kernel = linear_blocks()
+    assert kernel is not None
+    block = recover(gguf_roundtrip(torch.randn(32, 64), "q4_1"))
+    with pytest.raises(ValueError):
+        kernel(torch.randn(kernel.MAX_ROWS + 1, 64), block, None)  # too many rows
+    with pytest.raises(ValueError):
+        kernel(torch.randn(1, 96), block, None)  # in-features do not match
+    with pytest.raises(ValueError):
+        kernel(torch.randn(1, 64).half(), block, None)  # float16
+    with pytest.raises(ValueError):
+        kernel(torch.randn(1, 64), block, torch.randn(31))  # bias of the wrong length
+    bogus = BlockWeight("q5_0", block.qs, block.d, block.mn)
+    with pytest.raises(ValueError):
+        kernel(torch.randn(1, 64), bogus, None)
+
+
+@pytest.fixture(scope="module")
+def gguf_tiny_loaded(tiny_loaded) -> LoadedModel:
+    """The tiny model with every matrix replaced by its GGUF round trip: Q4_1 projections, Q8_0 embedding and
+    lm_head, as the default model's file has them."""
+    model = copy.deepcopy(tiny_loaded.model)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                kind = "q8_0" if "embed" in name or "lm_head" in name else "q4_1"
+                param.copy_(gguf_roundtrip(param, kind))
+    return LoadedModel(
+        model=model,
+        tokenizer=tiny_loaded.tokenizer,
+        spec=tiny_loaded.spec,
+        device=tiny_loaded.device,
+        dtype=tiny_loaded.dtype,
+        eos_token_ids=tiny_loaded.eos_token_ids,
+    )
+
+
+@needs_gcc
+def test_engine_reads_the_blocks_and_its_greedy_output_does_not_change(make_engine, gguf_tiny_loaded):
+    # Steps of 9 down to 1 decoding sequence: over MAX_ROWS (oneDNN), then the block kernel's rows.
+    prompts = [[5 + i, 9, 11 + 2 * i, 40] * (1 + i % 3) for i in range(9)]
+    lengths = [4 + 3 * i for i in range(9)]
+    outputs = {}
+    for native in (True, False):
+        engine = make_engine(gguf_tiny_loaded, native_kernels=native, max_num_seqs=9)
+        runner = engine._runner
+        used = [
+            runner.lm_head,
+            *(getattr(layer, p) for layer in runner.layers for p in ("qkv", "o", "gate_up", "down")),
+        ]
+        assert all((linear.blocks is not None) is native for linear in used)
+        if native:
+            assert (
+                runner.lm_head.block_weight.kind == "q8_0"
+                and runner.layers[0].qkv.block_weight.kind == "q4_1"
+            )
+        handles = [
+            engine.submit(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+            for p, n in zip(prompts, lengths, strict=True)
+        ]
+        engine.run_until_idle()
+        outputs[native] = [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
+    assert outputs[True] == outputs[False]
+    assert [len(tokens) for tokens in outputs[True]] == lengths
+
+
+@needs_gcc
+def test_a_model_without_block_weights_keeps_the_float_kernels(make_engine):
+    engine = make_engine(native_kernels=True)
+    assert engine._runner.lm_head.blocks is None and engine._runner.lm_head.rows is not None
