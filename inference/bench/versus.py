@@ -235,8 +235,8 @@ def _run(args, systems, conditions, wls, model_dir, servers, out_path) -> int:
                         cell["token_ids"] = {r["rid"]: r["token_ids"] for r in reply["records"]}
                         cell.update({k: v for k, v in reply.items() if k not in ("records", "peak_rss_mb")})
                     cells.append(cell)
-                with open(out_path, "w") as f:  # after every cell: a cut-short run keeps what it measured
-                    json.dump({"args": vars(args), "cells": cells}, f)
+                    with open(out_path, "w") as f:  # after every cell: a cut-short run keeps what it measured
+                        json.dump({"args": vars(args), "cells": cells}, f)
                     sm = cell.get("summary", {})
                     print(
                         f"# round {rnd} {s:5s} {wname:9s} {cond:5s} "

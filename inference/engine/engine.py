@@ -589,20 +589,23 @@ class LLMEngine:
                     if self._stopping:
                         return
                 if idle and adaptive is not None:
-                    adaptive.resume()  # judge contention from now on, not over the idle spell
+                    # judge contention from now on, not over the idle spell, starting again with all threads
+                    self._apply_threads(adaptive.resume())
                 try:
                     self.step()
                 except Exception:  # step() already isolates request failures; be defensive
                     logger.exception("engine loop iteration failed")
                     time.sleep(0.01)
                 if adaptive is not None:
-                    threads = adaptive.poll()
-                    if threads is not None:
-                        torch.set_num_threads(threads)
-                        self.num_threads = threads
-                        logger.info("CPU contention: engine now uses %d intra-op thread(s)", threads)
+                    self._apply_threads(adaptive.poll())
         finally:
             self._abort_all()
+
+    def _apply_threads(self, threads: int | None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+            self.num_threads = threads
+            logger.info("CPU contention: engine now uses %d intra-op thread(s)", threads)
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stop accepting requests, stop the loop thread and fail outstanding requests with

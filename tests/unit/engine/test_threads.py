@@ -42,9 +42,20 @@ def test_resuming_after_idle_starts_a_fresh_window_instead_of_judging_the_idle_s
     # decision after it reads the next window (calm), so the engine keeps both threads.
     policy = AdaptiveThreads(2, interval_s=0.0)
     policy._monitor = _Script([1.5, 0.1, 1.2])
-    policy.resume()
+    assert policy.resume() is None  # already at all threads
     assert policy.poll() is None and policy.current == 2
     assert policy.poll() == 1  # a neighbour still busy is seen at the next window as before
+
+
+def test_resuming_after_idle_starts_again_with_all_threads():
+    # Stepped down before the idle spell: without the reset the next burst's prefill would run on one thread
+    # for two more windows even though the neighbour has gone.
+    policy = AdaptiveThreads(2, interval_s=0.0)
+    policy._monitor = _Script([1.0, 0.0, 0.0, 1.1])
+    assert policy.poll() == 1
+    assert policy.resume() == 2 and policy.current == 2
+    assert policy.poll() is None  # calm window: stays at 2
+    assert policy.poll() == 1  # the neighbour is back: down at once
 
 
 def test_default_threads_follow_the_affinity_mask():
