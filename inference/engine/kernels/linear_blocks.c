@@ -39,6 +39,13 @@
         xsum[i] = s;                                                                                           \
     }
 
+/* Q4_1's offsets: sum over blocks of mn[b] * (sum of the row's x in block b). */
+static inline float min_terms(const float *mn, const float *xsum_row, int64_t nb) {
+    float s = 0.f;
+    for (int64_t b = 0; b < nb; b++) s += mn[b] * xsum_row[b];
+    return s;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -78,11 +85,7 @@ static inline __attribute__((always_inline)) void q4_1_col(const float *xf, cons
         const __m256 db = _mm256_set1_ps(d[b]);
         BLOCK_FMA(M, w0, w1, w2, w3)
     }
-    for (int64_t i = 0; i < M; i++) {
-        float s = hsum8(acc[i]);
-        for (int64_t b = 0; b < nb; b++) s += mn[b] * xsum[i * nb + b];
-        sums[i] = s;
-    }
+    for (int64_t i = 0; i < M; i++) sums[i] = hsum8(acc[i]) + min_terms(mn, xsum + i * nb, nb);
 }
 
 static inline __attribute__((always_inline)) void q8_0_col(const float *xf, const float *xsum, const int8_t *q,
@@ -128,8 +131,7 @@ static inline __attribute__((always_inline)) void q4_1_col(const float *xf, cons
     for (int64_t i = 0; i < M; i++) {
         float s = 0.f;
         for (int l = 0; l < QK / 2; l++) s += acc[i][l];
-        for (int64_t b = 0; b < nb; b++) s += mn[b] * xsum[i * nb + b];
-        sums[i] = s;
+        sums[i] = s + min_terms(mn, xsum + i * nb, nb);
     }
 }
 

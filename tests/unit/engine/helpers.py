@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine import FinishEvent, RequestHandle, TokenEvent
+from inference.engine import FinishEvent, LLMEngine, RequestHandle, SamplingParams, TokenEvent
 
 # A divergence between engine and reference is only acceptable at a numeric near-tie.
 NEAR_TIE = 1e-3
@@ -71,3 +71,14 @@ def assert_greedy_equal(model, prompt, got_tokens, ref_tokens, eos_ids, finish: 
         f"expected {ref_visible[i : i + 5]}; top-2 logit gap there is {gap:.3g} (not a near-tie)"
     )
     print(f"near-tie at output token {i}: top-2 logit gap {gap:.3g} (tokens {best} vs {second})")
+
+
+def greedy_tokens(engine: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """Submit every prompt at once (greedy, exactly ``lengths[i]`` new tokens), run the engine until idle and
+    return each request's token ids."""
+    handles = [
+        engine.submit(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    engine.run_until_idle()
+    return [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]

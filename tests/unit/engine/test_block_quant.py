@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from inference.engine import SamplingParams
 from inference.engine.block_quant import BlockWeight, dequantize, recover
 from inference.engine.kernels import linear_blocks
 from inference.engine.loader import LoadedModel
-from tests.unit.engine.helpers import collect
+from tests.unit.engine.helpers import greedy_tokens
 
 needs_gcc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
@@ -146,12 +145,7 @@ def test_engine_reads_the_blocks_and_its_greedy_output_does_not_change(make_engi
                 runner.lm_head.block_weight.kind == "q8_0"
                 and runner.layers[0].qkv.block_weight.kind == "q4_1"
             )
-        handles = [
-            engine.submit(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
-            for p, n in zip(prompts, lengths, strict=True)
-        ]
-        engine.run_until_idle()
-        outputs[native] = [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
+        outputs[native] = greedy_tokens(engine, prompts, lengths)
     assert outputs[True] == outputs[False]
     assert [len(tokens) for tokens in outputs[True]] == lengths
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from inference.engine import SamplingParams
 from inference.engine.kernels import decode_attention, elementwise, linear_rows
-from tests.unit.engine.helpers import collect
+from tests.unit.engine.helpers import collect, greedy_tokens
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
@@ -140,12 +140,7 @@ def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engi
         engine = make_engine(native_kernels=native)
         assert (engine._runner.decode_kernel is not None) is native
         assert (engine._runner.lm_head.rows is not None) is native
-        handles = [
-            engine.submit(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
-            for p, n in zip(prompts, lengths, strict=True)
-        ]
-        engine.run_until_idle()
-        outputs[native] = [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
+        outputs[native] = greedy_tokens(engine, prompts, lengths)
     assert outputs[True] == outputs[False]
     assert [len(tokens) for tokens in outputs[True]] == lengths
 
