@@ -183,7 +183,8 @@ INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
 INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
 INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
-# The engine's native CPU kernels (decode attention, one-row projections; built with gcc at first start).
+# The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
+# RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---

@@ -104,7 +104,8 @@ class EngineConfig:
             first use, cached under ``INFERENCE_KERNEL_DIR``): one sequence's projections stream the weights
             (``linear_rows.c``), and weights recovered as GGUF Q4_1/Q8_0 blocks
             (:mod:`inference.engine.block_quant`) are read in that form for steps of up to 8 sequences
-            (``linear_blocks.c``). ``False``, or no compiler, keeps torch's SDPA and oneDNN.
+            (``linear_blocks.c``); RMSNorm and SiLU-and-multiply run in one call each (``elementwise.c``).
+            ``False``, or no compiler, keeps torch's SDPA, oneDNN and element-wise ops.
     """
 
     max_num_seqs: int = 32

@@ -161,8 +161,9 @@ class ModelRunner:
         kv: The KV cache the runner writes into and attends over.
         max_positions: Size of the RoPE tables (the context length).
         native_kernels: Use the native CPU kernels when they can be built (:mod:`.kernels`: decode
-            attention, and the projections of a one-sequence decode step); ``False`` keeps torch's SDPA and
-            oneDNN everywhere.
+            attention, the projections of small decode steps (GGUF blocks up to 8 rows, float weights for one
+            row), RMSNorm and SiLU-and-multiply); ``False`` keeps torch's SDPA, oneDNN and element-wise ops
+            everywhere.
 
     Raises:
         EngineError: unsupported architecture features (activation other than SiLU, dynamic
@@ -241,7 +242,8 @@ class ModelRunner:
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, cast back, then the weight
         # multiply in the model dtype. F.rms_norm without weight is the same float32 math in one
-        # kernel (bit-identical; checked by test_runner_matches_hf_modules).
+        # kernel (bit-identical; checked by test_runner_matches_hf_modules). The native kernel does the
+        # same math in one pass, summing the squares in another order.
         if self.elementwise is not None:
             return self.elementwise.rms_norm(x, weight, self.eps)
         h = F.rms_norm(x.float(), self._norm_shape, eps=self.eps)

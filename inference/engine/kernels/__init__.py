@@ -2,8 +2,9 @@
 
 :func:`decode_attention` (``decode_attention.c``: attention of one query token per decoding sequence over the
 slot KV cache) and :func:`linear_rows` (``linear_rows.c``: ``x @ W.T`` for a few rows, streaming the weights at memory
-bandwidth; the engine uses it for one-sequence decode steps) and :func:`linear_blocks` (``linear_blocks.c``: the
-same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`). Nothing here needs Python or torch headers, so a build takes about a second;
+bandwidth; the engine uses it for one-sequence decode steps), :func:`linear_blocks` (``linear_blocks.c``: the
+same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`)
+and :func:`elementwise` (``elementwise.c``: a layer's RMSNorm and SiLU-and-multiply in one call each). Nothing here needs Python or torch headers, so a build takes about a second;
 the shared object is cached under ``INFERENCE_KERNEL_DIR`` (default ``~/.cache/chatsite/kernels``), named by
 a hash of the source, the flags and the OpenMP runtime it links, and written atomically (concurrent builds by
 several processes are safe). The object links the libgomp torch already loaded, so the kernel's parallel
@@ -150,6 +151,11 @@ class DecodeAttention:
         return out
 
 
+def _bias_fits(bias: torch.Tensor | None, dtype: torch.dtype, n: int) -> bool:
+    """Whether ``bias`` is absent or a contiguous ``[n]`` tensor of ``dtype`` (what the linear kernels take)."""
+    return bias is None or (bias.dtype == dtype and bias.shape == (n,) and bias.is_contiguous())
+
+
 class LinearRows:
     """``linear_rows.c`` bound with ctypes: ``y = x @ weight.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``.
 
@@ -194,9 +200,7 @@ class LinearRows:
             or x.dtype != weight.dtype
             or weight.shape[1] != k
             or not x.is_contiguous()
-            or (
-                bias is not None and (bias.dtype != x.dtype or bias.shape != (n,) or not bias.is_contiguous())
-            )
+            or not _bias_fits(bias, x.dtype, n)
         ):
             raise ValueError("linear_rows: unsupported dtype, shape or row count")
         y = torch.empty((m, n), dtype=x.dtype)
@@ -256,9 +260,7 @@ class LinearBlocks:
             or nb * QK != k
             or not x.is_contiguous()
             or x.device.type != "cpu"
-            or (
-                bias is not None and (bias.dtype != x.dtype or bias.shape != (n,) or not bias.is_contiguous())
-            )
+            or not _bias_fits(bias, x.dtype, n)
         ):
             raise ValueError("linear_blocks: unsupported dtype, shape or row count")
         y = torch.empty((m, n), dtype=x.dtype)
@@ -344,26 +346,28 @@ def _library() -> ctypes.CDLL | None:
         return None
 
 
+def _bind(kind):
+    """``kind(lib)`` over the built library, or ``None`` when it cannot be had."""
+    lib = _library()
+    return kind(lib) if lib is not None else None
+
+
 def decode_attention() -> DecodeAttention | None:
     """The native decode-attention kernel, built on first use; ``None`` (warned once) when it cannot be had."""
-    lib = _library()
-    return DecodeAttention(lib) if lib is not None else None
+    return _bind(DecodeAttention)
 
 
 def linear_blocks() -> LinearBlocks | None:
     """The native block-quantized linear kernel, built on first use; ``None`` (warned once) when it cannot be had."""
-    lib = _library()
-    return LinearBlocks(lib) if lib is not None else None
+    return _bind(LinearBlocks)
 
 
 def elementwise() -> Elementwise | None:
     """The native RMSNorm / SiLU-and-multiply kernels, built on first use; ``None`` (warned once) when they cannot be
     had."""
-    lib = _library()
-    return Elementwise(lib) if lib is not None else None
+    return _bind(Elementwise)
 
 
 def linear_rows() -> LinearRows | None:
     """The native few-rows linear kernel, built on first use; ``None`` (warned once) when it cannot be had."""
-    lib = _library()
-    return LinearRows(lib) if lib is not None else None
+    return _bind(LinearRows)
