@@ -61,6 +61,9 @@ def run_cell(cfg: dict) -> dict:
     wl = Workload.from_dict(cfg["workload"])
     opts = dict(cfg.get("opts") or {})
     bm = load(cfg["spec"], cfg["cache_dir"], cfg.get("threads"))
+    # Read before the system is built: ``ours`` owns the model and frees the float weights it holds in other forms.
+    model_weight_bytes = weight_bytes(bm.model)
+    model_dtype = str(next(bm.model.parameters()).dtype).replace("torch.", "")
 
     requests = list(wl.requests)
     cap = int(opts.get("naive_max_requests") or 0)
@@ -96,7 +99,7 @@ def run_cell(cfg: dict) -> dict:
             "peak_rss_mb": round(peak, 1),
             "rss_method": "VmHWM (reset after warmup)" if hwm is not None else "psutil sampling every 20 ms",
             "rss_before_run_mb": round(rss_before, 1),
-            "weight_bytes": weight_bytes(bm.model),
+            "weight_bytes": model_weight_bytes,
             "load_s": round(bm.load_s, 2),
             "warmup_s": round(warmup_s, 2),
             "run_s": round(run_s, 2),
@@ -109,7 +112,7 @@ def run_cell(cfg: dict) -> dict:
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
             },
-            "dtype": str(next(bm.model.parameters()).dtype).replace("torch.", ""),
+            "dtype": model_dtype,
         }
     )
     return result

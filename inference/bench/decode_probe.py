@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         prefix_cache_tokens=0,
         native_kernels=not args.torch,
     )
-    engine = LLMEngine(loaded, config)
+    engine = LLMEngine(loaded, config, owns_model=True)  # as the worker does (LLMEngine.from_spec)
     prompt = list(range(1000, 1128))
     engine.submit(prompt, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
     engine.run_until_idle()  # warm-up

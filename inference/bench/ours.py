@@ -41,7 +41,7 @@ class OursSystem(System):
             num_threads=int(opts["threads"]) if opts.get("threads") else None,
         )
         self._SamplingParams = SamplingParams
-        self.engine = LLMEngine(bm.engine_loaded, config)
+        self.engine = LLMEngine(bm.engine_loaded, config, owns_model=True)
         self._started = False
         self._late_tokens = 0
 

@@ -111,7 +111,7 @@ class OursBackend:
             adaptive_threads=adaptive_threads,
             native_kernels=native_kernels,
         )
-        self.engine = LLMEngine(loaded, config)
+        self.engine = LLMEngine(loaded, config, owns_model=True)
         self.steps: list = []
         self.engine.add_step_listener(self.steps.append)
         self.engine.start()

@@ -78,12 +78,17 @@ def _recover_q8_0(blocks: torch.Tensor) -> BlockWeight | None:
     )
 
 
+#: Rows recovered at a time: the float temporaries of a check stay a few MB even for a 49152-row lm_head.
+_CHUNK_ROWS = 2048
+
+
 @torch.no_grad()
 def recover(weight: torch.Tensor) -> BlockWeight | None:
     """``weight`` (float32 ``[n, k]``, ``k`` a multiple of 32, on CPU) in Q4_1 or Q8_0 block form, or ``None``.
 
     Q4_1 is tried first (fewer bytes). The result is accepted only if dequantizing it gives back every value of
-    ``weight`` exactly; any other dtype, shape or device gives ``None``.
+    ``weight`` exactly; any other dtype, shape or device gives ``None``. Rows are checked ``_CHUNK_ROWS`` at a
+    time, so the memory it needs beyond the result is bounded whatever the weight's size.
     """
     if (
         weight.dtype != torch.float32
@@ -92,18 +97,45 @@ def recover(weight: torch.Tensor) -> BlockWeight | None:
         or weight.device.type != "cpu"
     ):
         return None
-    if not torch.isfinite(weight).all():
+    n = weight.shape[0]
+    if n == 0:
         return None
-    blocks = weight.detach().reshape(weight.shape[0], weight.shape[1] // QK, QK)
-    return _recover_q4_1(blocks) or _recover_q8_0(blocks)
+    blocks = weight.detach().reshape(n, weight.shape[1] // QK, QK)
+    for recover_rows in (_recover_q4_1, _recover_q8_0):
+        parts: list[BlockWeight] = []
+        for start in range(0, n, _CHUNK_ROWS):
+            rows = blocks[start : start + _CHUNK_ROWS]
+            part = recover_rows(rows) if torch.isfinite(rows).all() else None
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            return _concat(parts)
+    return None
 
 
-def dequantize(block: BlockWeight) -> torch.Tensor:
-    """The float32 ``[n, k]`` weight ``block`` stands for (the inverse of :func:`recover`)."""
-    n, nb = block.d.shape
-    d = block.d.unsqueeze(-1)
+def _concat(parts: list[BlockWeight]) -> BlockWeight:
+    if len(parts) == 1:
+        return parts[0]
+    mn = torch.cat([p.mn for p in parts]) if parts[0].mn is not None else None
+    return BlockWeight(parts[0].kind, torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]), mn)
+
+
+def dequantize(block: BlockWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 ``[n, k]`` weight ``block`` stands for (the inverse of :func:`recover`), or only its rows ``rows``
+    (int64 ``[t]``, giving ``[t, k]``: an embedding lookup, bit for bit ``F.embedding`` on the float weight).
+
+    Raises:
+        IndexError: a row index out of range.
+    """
+    qs, d, mn = block.qs, block.d, block.mn
+    if rows is not None:
+        qs, d = qs.index_select(0, rows), d.index_select(0, rows)
+        mn = mn.index_select(0, rows) if mn is not None else None
+    n, nb = d.shape
+    d = d.unsqueeze(-1)
     if block.kind == "q4_1":
-        packed = block.qs.reshape(n, nb, 16)
+        packed = qs.reshape(n, nb, 16)
         q = torch.cat([packed & 15, packed >> 4], dim=-1).float()
-        return (d * q + block.mn.unsqueeze(-1)).reshape(n, nb * QK)
-    return (block.qs.reshape(n, nb, QK).float() * d).reshape(n, nb * QK)
+        return (d * q + mn.unsqueeze(-1)).reshape(n, nb * QK)
+    return (qs.reshape(n, nb, QK).float() * d).reshape(n, nb * QK)

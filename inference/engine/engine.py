@@ -36,9 +36,10 @@ import torch
 
 from .config import EngineConfig, ModelSpec
 from .detokenizer import OutputProcessor, make_decode_fn
-from .errors import EngineStopped, InvalidRequest, QueueFull
+from .errors import EngineError, EngineStopped, InvalidRequest, QueueFull
 from .kv_cache import KVCache
 from .loader import LoadedModel, load_model, resolve_device
+from .memory import trim_heap
 from .prefix_cache import PrefixCache
 from .request import (
     FinishEvent,
@@ -117,12 +118,23 @@ class LLMEngine:
     ``RequestHandle`` methods may be called from any thread. ``step`` / ``run_until_idle`` are
     serialized by a lock (tests and benchmarks drive them directly instead of ``start``).
 
-    Memory: besides the model, the runner keeps oneDNN-packed copies of the weight matrices
-    (one more model-sized buffer) and the KV cache commits at most what running requests
-    reserved (see :mod:`.kv_cache`).
+    Memory: the runner keeps oneDNN-packed copies of the weight matrices (one more model-sized buffer)
+    and, for a model prepared from a GGUF file, the weights' block form (:mod:`.block_quant`); the KV
+    cache commits at most what running requests reserved (see :mod:`.kv_cache`). With ``owns_model``
+    the float weights those two forms cover are freed, so the model is held once, not twice.
+
+    Raises:
+        EngineError: ``loaded``'s weights were released by an engine that owned it (load it again).
     """
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig | None = None, *, owns_model: bool = False
+    ) -> None:
+        """``owns_model``: nothing else will use ``loaded.model``, so the engine may free the float weights
+        it holds in other forms (:class:`~.runner.ModelRunner`'s ``release_weights``); ``loaded.model``
+        cannot run afterwards and no second engine can be built on ``loaded``. :meth:`from_spec` sets it."""
+        if loaded.weights_released:
+            raise EngineError("this model's weights were released by the engine that owned it; load it again")
         self.config = config or EngineConfig()
         self.loaded = loaded
         self.spec: ModelSpec = loaded.spec
@@ -150,8 +162,15 @@ class LLMEngine:
             device=loaded.device,
         )
         self._runner = ModelRunner(
-            self.model, self.kv, max_positions=self.context_length, native_kernels=self.config.native_kernels
+            self.model,
+            self.kv,
+            max_positions=self.context_length,
+            native_kernels=self.config.native_kernels,
+            release_weights=owns_model,
         )
+        if owns_model:
+            loaded.weights_released = True
+        trim_heap()
         self.vocab_size = self._runner.vocab_size
         self.prefix_cache = PrefixCache(
             self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens
@@ -196,7 +215,7 @@ class LLMEngine:
         config = config or EngineConfig()
         device = resolve_device(config.device)
         loaded = load_model(spec, cache_dir, device=device, num_threads=config.num_threads)
-        return cls(loaded, config)
+        return cls(loaded, config, owns_model=True)
 
     @property
     def tokenizer(self) -> Any:

@@ -73,6 +73,8 @@ class LoadedModel:
         dtype: Weight / compute dtype.
         eos_token_ids: Token ids that end generation (from the generation config, which may list
             several; falls back to the tokenizer's EOS).
+        weights_released: An engine that owned the model freed the float weights it holds in other
+            forms (``LLMEngine(..., owns_model=True)``); ``model`` can no longer run.
     """
 
     model: Any
@@ -81,6 +83,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
+    weights_released: bool = False
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import block_quant, kernels
+from . import block_quant, kernels, memory
 from .errors import EngineError
 from .kv_cache import KVCache
 
@@ -98,6 +98,19 @@ class _Linear:
         self.block_weight = block_quant.recover(weight) if blocks is not None else None
         self.blocks = blocks if self.block_weight is not None else None
 
+    @property
+    def covered(self) -> bool:
+        """``True`` when every row count runs without the float weight: the GGUF blocks up to
+        ``LinearBlocks.USE_UP_TO_ROWS`` rows, the oneDNN-packed copy beyond."""
+        return self.packed is not None and self.blocks is not None
+
+    def drop_weight(self) -> None:
+        """Forget the float weight (only when :attr:`covered`; the caller frees the model's own reference)."""
+        if not self.covered:
+            raise EngineError("a projection without both packed and block forms still needs its float weight")
+        self.weight = None
+        self.rows = None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocks is not None and 0 < x.shape[0] <= self.blocks.USE_UP_TO_ROWS:
             return self.blocks(x.contiguous(), self.block_weight, self.bias)
@@ -132,6 +145,37 @@ class _Layer:
     down: _Linear
 
 
+def _release(linear: _Linear | None, loaded: dict[int, torch.Tensor], *modules: Any) -> None:
+    """Drop the float weight of ``linear`` (only when it has packed and block forms; ``None``: no runner copy) and
+    of the ``transformers`` modules holding it, so its memory is freed; a module's weight becomes empty.
+
+    ``loaded`` maps ``id(module)`` to the weight it was loaded with (before Q/K/V and gate/up were fused): where
+    that is a view of the memory-mapped checkpoint, its pages are evicted now rather than when the last view goes
+    (:func:`~inference.engine.memory.drop_file_pages`), which keeps the load's peak near the packed model's size.
+    """
+    if linear is not None:
+        if not linear.covered:
+            return
+        linear.drop_weight()
+    for module in modules:
+        module.weight.data = module.weight.data.new_empty(0)
+        original = loaded.pop(id(module), None)
+        if original is not None:
+            memory.drop_file_pages(original)
+
+
+def _own_small_tensors(model: Any) -> None:
+    """Copy the model's vectors (norm weights, biases) into memory of their own.
+
+    ``transformers`` loads a safetensors checkpoint as views of one ``mmap`` of the file; while any tensor still
+    points into it, every page of the file that was read (all of it, once the weights are packed) stays in the
+    process's resident set. With the matrices released, the vectors are the last such views.
+    """
+    for param in model.parameters():
+        if param.dim() < 2:
+            param.data = param.data.clone()
+
+
 def _bias(linear: Any) -> torch.Tensor | None:
     return linear.bias.data if getattr(linear, "bias", None) is not None else None
 
@@ -164,13 +208,26 @@ class ModelRunner:
             attention, the projections of small decode steps (GGUF blocks up to 8 rows, float weights for one
             row), RMSNorm and SiLU-and-multiply); ``False`` keeps torch's SDPA, oneDNN and element-wise ops
             everywhere.
+        release_weights: Free the float weights the ``transformers`` model holds wherever the runner has
+            other forms of them: a projection with both a oneDNN-packed copy and GGUF blocks, and the
+            embedding when it is recovered as blocks too (looked up from them, bit for bit the same rows).
+            Done layer by layer while packing, so the float32 model and its packed copy never sit in memory
+            whole at once. Afterwards ``model`` can no longer run on its own (its emptied modules raise
+            on use). Only for an engine that owns its model.
 
     Raises:
         EngineError: unsupported architecture features (activation other than SiLU, dynamic
             RoPE variants).
     """
 
-    def __init__(self, model: Any, kv: KVCache, max_positions: int, native_kernels: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv: KVCache,
+        max_positions: int,
+        native_kernels: bool = True,
+        release_weights: bool = False,
+    ) -> None:
         cfg = model.config
         if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):
             raise EngineError(f"unsupported hidden_act {cfg.hidden_act!r}")
@@ -186,6 +243,8 @@ class ModelRunner:
         self.scale = self.head_dim**-0.5
         self.eps = float(cfg.rms_norm_eps)
         self.vocab_size = model.lm_head.weight.shape[0]
+        if release_weights:
+            _own_small_tensors(model)
         weight = model.model.embed_tokens.weight
         self.dtype = weight.dtype
         self.device = weight.device
@@ -204,25 +263,51 @@ class ModelRunner:
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
-            self.layers.append(
-                _Layer(
-                    ln1=layer.input_layernorm.weight.data,
-                    qkv=_Linear(wqkv, bqkv, pack, rows, blocks),
-                    o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks),
-                    ln2=layer.post_attention_layernorm.weight.data,
-                    gate_up=_Linear(wgu, bgu, pack, rows, blocks),
-                    down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack, rows, blocks),
-                )
+            projections = (
+                attn.q_proj,
+                attn.k_proj,
+                attn.v_proj,
+                attn.o_proj,
+                mlp.gate_proj,
+                mlp.up_proj,
+                mlp.down_proj,
             )
+            loaded = {id(m): m.weight.data for m in projections} if release_weights else {}
+            wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
+            lw = _Layer(
+                ln1=layer.input_layernorm.weight.data,
+                qkv=_Linear(wqkv, bqkv, pack, rows, blocks),
+                o=_Linear(attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks),
+                ln2=layer.post_attention_layernorm.weight.data,
+                gate_up=_Linear(wgu, bgu, pack, rows, blocks),
+                down=_Linear(mlp.down_proj.weight.data, _bias(mlp.down_proj), pack, rows, blocks),
+            )
+            del wqkv, wgu  # the _Linear and the modules' views hold them; _release may free them now
+            if release_weights:
+                _release(lw.qkv, loaded, attn.q_proj, attn.k_proj, attn.v_proj)
+                _release(lw.o, loaded, attn.o_proj)
+                _release(lw.gate_up, loaded, mlp.gate_proj, mlp.up_proj)
+                _release(lw.down, loaded, mlp.down_proj)
+            self.layers.append(lw)
+        self.intermediate = model.model.layers[0].mlp.gate_proj.out_features
         self.lm_head = _Linear(model.lm_head.weight.data, _bias(model.lm_head), pack, rows, blocks)
+        #: The embedding as GGUF blocks when its float copy was released (rows dequantized per lookup).
+        self.embed_blocks: block_quant.BlockWeight | None = None
+        if release_weights and self.lm_head.covered:
+            embed_tokens = model.model.embed_tokens
+            tied = embed_tokens.weight.data_ptr() == model.lm_head.weight.data_ptr()
+            self.embed_blocks = self.lm_head.block_weight if tied else block_quant.recover(self.embed)
+            loaded = {id(m): m.weight.data for m in (embed_tokens, model.lm_head)}
+            if self.embed_blocks is not None:
+                self.embed = None
+                _release(None, loaded, embed_tokens)
+            _release(self.lm_head, loaded, model.lm_head)
         kernel = kernels.decode_attention() if native else None
         supported = kernel is not None and kernel.supports(
             self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
         )
         self.decode_kernel = kernel if supported else None
         self.packed = self.lm_head.packed is not None
-        self.intermediate = wgu.shape[0] // 2
         # Same formula and order of float ops as LlamaRotaryEmbedding.forward, evaluated once.
         inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         t = torch.arange(max_positions, device=self.device, dtype=torch.float32)
@@ -288,7 +373,10 @@ class ModelRunner:
         dec = self._decode_plan(batch) if nd else None
         pre = self._prefill_plan(batch)
 
-        x = F.embedding(ids, self.embed)
+        if self.embed_blocks is None:
+            x = F.embedding(ids, self.embed)
+        else:
+            x = block_quant.dequantize(self.embed_blocks, ids)
         qk_width = (nh + nkv) * hd
         for li, lw in enumerate(self.layers):
             h = self._rms_norm(x, lw.ln1)

@@ -13,6 +13,7 @@ The cache directory is ``$MODEL_CACHE_DIR`` or the repository's ``var/models`` (
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model  # noqa: E402
 from inference.engine.config import DEFAULT_MODEL_SPEC  # noqa: E402
 from inference.engine.loader import LoadedModel, _cache_is_complete, resolve_source  # noqa: E402
+
+from .helpers import gguf_roundtrip  # noqa: E402
 
 TINY_CONTEXT = 512
 
@@ -114,3 +117,23 @@ def make_engine(tiny_loaded):
 def real_loaded() -> LoadedModel:
     spec = replace(DEFAULT_MODEL_SPEC, dtype="float32")
     return load_model(spec, model_cache_dir(), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gguf_tiny_loaded(tiny_loaded) -> LoadedModel:
+    """The tiny model with every matrix replaced by its GGUF round trip: Q4_1 projections, Q8_0 embedding and
+    lm_head, as the default model's file has them."""
+    model = copy.deepcopy(tiny_loaded.model)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                kind = "q8_0" if "embed" in name or "lm_head" in name else "q4_1"
+                param.copy_(gguf_roundtrip(param, kind))
+    return LoadedModel(
+        model=model,
+        tokenizer=tiny_loaded.tokenizer,
+        spec=tiny_loaded.spec,
+        device=tiny_loaded.device,
+        dtype=tiny_loaded.dtype,
+        eos_token_ids=tiny_loaded.eos_token_ids,
+    )

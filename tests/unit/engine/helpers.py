@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from inference.engine import FinishEvent, LLMEngine, RequestHandle, SamplingParams, TokenEvent
 
@@ -82,3 +84,13 @@ def greedy_tokens(engine: LLMEngine, prompts: list[list[int]], lengths: list[int
     ]
     engine.run_until_idle()
     return [[t for e in collect(h)[0] for t in e.token_ids] for h in handles]
+
+
+KINDS = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+
+
+def gguf_roundtrip(weight: torch.Tensor, kind: str) -> torch.Tensor:
+    """``weight`` quantized and dequantized by gguf-py (what the loader's float32 copy of a GGUF holds)."""
+    qtype = KINDS[kind]
+    blocks = quants.quantize(weight.detach().numpy().astype(np.float32), qtype)
+    return torch.from_numpy(np.ascontiguousarray(quants.dequantize(blocks, qtype))).float()

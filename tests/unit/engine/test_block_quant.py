@@ -5,32 +5,20 @@ weights, and the engine uses it without changing its greedy output.
 gguf-py's own quantize/dequantize (the package the loader converts GGUF files with) is the independent oracle.
 """
 
-import copy
 import shutil
 import sys
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType, quants
 
 from inference.engine.block_quant import BlockWeight, dequantize, recover
 from inference.engine.kernels import linear_blocks
-from inference.engine.loader import LoadedModel
-from tests.unit.engine.helpers import greedy_tokens
+from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens
 
 needs_gcc = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
 )
-KINDS = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
-
-
-def gguf_roundtrip(weight: torch.Tensor, kind: str) -> torch.Tensor:
-    """``weight`` quantized and dequantized by gguf-py (what the loader's float32 copy of a GGUF holds)."""
-    qtype = KINDS[kind]
-    blocks = quants.quantize(weight.detach().numpy().astype(np.float32), qtype)
-    return torch.from_numpy(np.ascontiguousarray(quants.dequantize(blocks, qtype))).float()
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
@@ -104,26 +92,6 @@ def test_linear_blocks_refuses_what_it_does_not_take():
     bogus = BlockWeight("q5_0", block.qs, block.d, block.mn)
     with pytest.raises(ValueError):
         kernel(torch.randn(1, 64), bogus, None)
-
-
-@pytest.fixture(scope="module")
-def gguf_tiny_loaded(tiny_loaded) -> LoadedModel:
-    """The tiny model with every matrix replaced by its GGUF round trip: Q4_1 projections, Q8_0 embedding and
-    lm_head, as the default model's file has them."""
-    model = copy.deepcopy(tiny_loaded.model)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                kind = "q8_0" if "embed" in name or "lm_head" in name else "q4_1"
-                param.copy_(gguf_roundtrip(param, kind))
-    return LoadedModel(
-        model=model,
-        tokenizer=tiny_loaded.tokenizer,
-        spec=tiny_loaded.spec,
-        device=tiny_loaded.device,
-        dtype=tiny_loaded.dtype,
-        eos_token_ids=tiny_loaded.eos_token_ids,
-    )
 
 
 @needs_gcc

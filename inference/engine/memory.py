@@ -1,0 +1,91 @@
+"""Giving memory back to the OS after model load: freed heap pages, and the pages of a memory-mapped checkpoint.
+
+Loading the model allocates and frees hundreds of MB of float32 tensors (the checkpoint, the fused Q/K/V and
+gate/up copies, the float weights released once packed: :class:`~inference.engine.runner.ModelRunner`'s
+``release_weights``). glibc's malloc raises its mmap threshold each time it frees a large mmapped chunk (up to
+32 MB), so most of these tensors end up on the heap, and freeing them leaves the pages resident where they do
+not sit at the heap's top. ``malloc_trim(0)`` hands every free page in every arena back (glibc >= 2.8), once,
+after load: resident memory then follows what the engine really holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import mmap
+import sys
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def trim_heap() -> bool:
+    """Return free heap pages to the OS (glibc's ``malloc_trim(0)``).
+
+    Returns ``True`` when glibc released something, ``False`` when nothing was released or this is not glibc
+    (musl, macOS: a no-op). Never raises.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = getattr(libc, "malloc_trim", None)
+        if trim is None:
+            return False
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+        return bool(trim(0))
+    except OSError:
+        logger.debug("malloc_trim unavailable", exc_info=True)
+        return False
+
+
+_MADV_DONTNEED = 4
+
+
+def _file_mapping_of(address: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the private file mapping (``/proc/self/maps``) holding ``address``, else ``None``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if start <= address < end:
+                    private_file = len(fields) >= 6 and fields[5].startswith("/") and fields[1].endswith("p")
+                    return (start, end) if private_file else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def drop_file_pages(tensor: torch.Tensor) -> int:
+    """Evict the resident pages of a CPU tensor that views a private file mapping and will not be read again.
+
+    ``transformers`` loads a safetensors checkpoint as views of one ``mmap`` of the file, so every weight read
+    while packing stays resident until the last view is gone. The whole pages inside ``tensor``'s bytes are
+    dropped with ``madvise(MADV_DONTNEED)``: for a file mapping that only evicts them (a later read would fetch
+    the file's bytes again), so it is done only for tensors of such mappings; anonymous memory (a model built in
+    memory) is left alone. Returns the bytes dropped (0 when nothing applied). Never raises.
+    """
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or tensor.numel() == 0:
+        return 0
+    page = mmap.PAGESIZE
+    address = tensor.data_ptr()
+    mapping = _file_mapping_of(address)
+    if mapping is None:
+        return 0
+    start = -(-address // page) * page
+    end = min((address + tensor.numel() * tensor.element_size()) // page * page, mapping[1])
+    if end <= start:
+        return 0
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        if libc.madvise(start, end - start, _MADV_DONTNEED) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    return end - start

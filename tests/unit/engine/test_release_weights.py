@@ -1,0 +1,138 @@
+"""An engine that owns its model (``LLMEngine(..., owns_model=True)``, as ``LLMEngine.from_spec`` and the worker
+build it) frees the float weights it also holds as oneDNN-packed copies and GGUF blocks: the model is held once,
+its greedy output does not change, and the emptied model cannot be reused by mistake.
+
+Also the pieces: the embedding looked up from its blocks, the bounded-memory recovery, and the eviction of a
+memory-mapped checkpoint's pages (inference/engine/memory.py).
+"""
+
+import copy
+import shutil
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.engine import EngineConfig, LLMEngine, block_quant
+from inference.engine.errors import EngineError
+from inference.engine.loader import LoadedModel
+from inference.engine.memory import drop_file_pages, trim_heap
+from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens
+
+needs_gcc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
+)
+PROMPTS = [[5 + i, 9, 11 + 2 * i, 40] * (1 + i % 3) for i in range(9)]
+LENGTHS = [4 + 3 * i for i in range(9)]
+
+
+def fresh(loaded: LoadedModel) -> LoadedModel:
+    """A copy of ``loaded`` with a model of its own (an owning engine empties the one it gets)."""
+    return LoadedModel(
+        model=copy.deepcopy(loaded.model),
+        tokenizer=loaded.tokenizer,
+        spec=loaded.spec,
+        device=loaded.device,
+        dtype=loaded.dtype,
+        eos_token_ids=loaded.eos_token_ids,
+    )
+
+
+def engine_for(loaded: LoadedModel, owns_model: bool) -> LLMEngine:
+    return LLMEngine(
+        loaded, EngineConfig(device="cpu", max_num_seqs=9, max_num_batched_tokens=64), owns_model=owns_model
+    )
+
+
+@needs_gcc
+def test_an_owning_engine_frees_the_float_weights_and_generates_the_same_tokens(gguf_tiny_loaded):
+    keeping = engine_for(fresh(gguf_tiny_loaded), owns_model=False)
+    expected = greedy_tokens(keeping, PROMPTS, LENGTHS)
+    keeping.shutdown()
+
+    loaded = fresh(gguf_tiny_loaded)
+    model = loaded.model
+    engine = engine_for(loaded, owns_model=True)
+    try:
+        runner = engine._runner
+        linears = [
+            runner.lm_head,
+            *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "gate_up", "down")),
+        ]
+        assert all(linear.weight is None and linear.packed is not None for linear in linears)
+        assert runner.embed is None and runner.embed_blocks is not None
+        matrices = [
+            p
+            for n, p in model.named_parameters()
+            if n.endswith("proj.weight") or "embed" in n or "lm_head" in n
+        ]
+        assert len(matrices) == 2 * 7 + 2 and all(p.numel() == 0 for p in matrices)
+        assert all(p.numel() > 0 for n, p in model.named_parameters() if "norm" in n)
+        assert loaded.weights_released
+        assert greedy_tokens(engine, PROMPTS, LENGTHS) == expected
+    finally:
+        engine.shutdown()
+
+
+@needs_gcc
+def test_a_released_model_cannot_back_a_second_engine(gguf_tiny_loaded):
+    loaded = fresh(gguf_tiny_loaded)
+    engine_for(loaded, owns_model=True).shutdown()
+    with pytest.raises(EngineError, match="released"):
+        engine_for(loaded, owns_model=False)
+
+
+def test_weights_without_a_block_form_are_kept(tiny_loaded):
+    # Random float weights are no GGUF blocks: with nothing to read instead, every float weight stays.
+    loaded = fresh(tiny_loaded)
+    engine = engine_for(loaded, owns_model=True)
+    try:
+        assert engine._runner.embed is not None and engine._runner.embed_blocks is None
+        assert all(p.numel() > 0 for p in loaded.model.parameters())
+        handle_tokens = greedy_tokens(engine, PROMPTS[:2], [3, 3])
+        assert [len(t) for t in handle_tokens] == [3, 3]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_embedding_rows_from_blocks_are_bit_for_bit_f_embedding(kind):
+    weight = gguf_roundtrip(torch.randn(300, 64), kind)
+    block = block_quant.recover(weight)
+    assert block is not None and block.kind == kind
+    ids = torch.tensor([0, 299, 7, 7, 123])
+    assert torch.equal(block_quant.dequantize(block, ids), F.embedding(ids, weight))
+    with pytest.raises(IndexError):
+        block_quant.dequantize(block, torch.tensor([300]))
+
+
+def test_recovery_in_row_chunks_matches_one_piece_and_checks_every_chunk(monkeypatch):
+    weight = gguf_roundtrip(torch.randn(70, 64), "q4_1")
+    whole = block_quant.recover(weight)
+    monkeypatch.setattr(block_quant, "_CHUNK_ROWS", 16)
+    chunked = block_quant.recover(weight)
+    assert chunked is not None and chunked.kind == "q4_1"
+    for name in ("qs", "d", "mn"):
+        assert torch.equal(getattr(chunked, name), getattr(whole, name))
+    spoiled = weight.clone()
+    spoiled[65, 3] += 1e-3  # the last chunk is no longer block values
+    assert block_quant.recover(spoiled) is None
+    assert block_quant.recover(weight[:0]) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc/self/maps and madvise")
+def test_file_pages_are_evicted_and_read_back_while_anonymous_memory_is_left_alone(tmp_path):
+    values = torch.arange(3 * 4096, dtype=torch.float32)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(values.numpy().tobytes())
+    mapped = torch.from_file(str(path), shared=False, size=values.numel(), dtype=torch.float32)
+    assert torch.equal(mapped, values)  # every page read, so resident
+    assert drop_file_pages(mapped) >= 4096 * 2
+    assert torch.equal(mapped, values)  # a file page read again after eviction: the file's bytes
+
+    anonymous = values.clone()
+    assert drop_file_pages(anonymous) == 0
+    assert torch.equal(anonymous, values)
+    assert drop_file_pages(torch.empty(0)) == 0
+    trim_heap()  # callable any time; what it returns depends on the heap
