@@ -62,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 #: Default per-request KV budget used when ``EngineConfig.kv_cache_tokens`` is ``None``.
 DEFAULT_KV_TOKENS_PER_SEQ = 2048
+#: Seconds without requests after which the loop thread trims the heap (:func:`.memory.trim_heap`) once: memory a
+#: burst freed (prefill activations, evicted prefix blocks) goes back to the OS, while back-to-back requests never
+#: pay for page faults on memory just given back.
+IDLE_TRIM_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -603,6 +607,12 @@ class LLMEngine:
             while True:
                 with self._cond:
                     idle = not self._requests
+                    if idle and not self._stopping:
+                        self._cond.wait(IDLE_TRIM_S)
+                    quiet = not self._requests and not self._stopping
+                if quiet:
+                    trim_heap()  # a burst is over: hand back what its activations and freed blocks held
+                with self._cond:
                     while not self._stopping and not self._requests:
                         self._cond.wait()
                     if self._stopping:

@@ -31,6 +31,7 @@ from collections import OrderedDict
 import torch
 
 from .kv_cache import KVCache
+from .memory import trim_heap
 
 
 def block_keys(
@@ -130,12 +131,13 @@ class PrefixCache:
         new = keys[first_new:]
         if new:
             start, end = first_new * B, len(keys) * B
-            # [L, 2, H, n, D] for the new range, then one contiguous tensor per block.
-            layers = [
-                torch.stack((self.kv.k[layer][slot, :, start:end], self.kv.v[layer][slot, :, start:end]))
-                for layer in range(self.kv.num_layers)
-            ]
-            span = torch.stack(layers)
+            # [L, 2, H, n, D] for the new range (filled layer by layer: no second copy of it in between), then one
+            # contiguous tensor per block.
+            k0 = self.kv.k[0]
+            span = k0.new_empty((self.kv.num_layers, 2, k0.shape[1], end - start, k0.shape[3]))
+            for layer in range(self.kv.num_layers):
+                span[layer, 0].copy_(self.kv.k[layer][slot, :, start:end])
+                span[layer, 1].copy_(self.kv.v[layer][slot, :, start:end])
             for i, key in enumerate(new):
                 self._blocks[key] = span[:, :, :, i * B : (i + 1) * B].clone()
         for key in reversed(keys):
@@ -145,5 +147,6 @@ class PrefixCache:
         return len(new)
 
     def clear(self) -> None:
-        """Drop every block."""
+        """Drop every block and hand the memory they held back to the OS (:func:`.memory.trim_heap`)."""
         self._blocks.clear()
+        trim_heap()

@@ -9,6 +9,7 @@ memory-mapped checkpoint's pages (inference/engine/memory.py).
 import copy
 import shutil
 import sys
+import time
 
 import pytest
 import torch
@@ -136,3 +137,34 @@ def test_file_pages_are_evicted_and_read_back_while_anonymous_memory_is_left_alo
     assert torch.equal(anonymous, values)
     assert drop_file_pages(torch.empty(0)) == 0
     trim_heap()  # callable any time; what it returns depends on the heap
+
+
+def test_the_loop_thread_trims_the_heap_once_a_burst_is_over_and_not_between_requests(
+    make_engine, monkeypatch
+):
+    from inference.engine import SamplingParams
+    from inference.engine import engine as engine_module
+
+    calls: list[float] = []
+
+    def counting_trim() -> bool:
+        calls.append(time.monotonic())
+        return trim_heap()  # still the real thing: the spy only counts
+
+    monkeypatch.setattr(engine_module, "trim_heap", counting_trim)
+    monkeypatch.setattr(engine_module, "IDLE_TRIM_S", 0.5)
+    engine = make_engine()  # building it trims once, after load
+    started = time.monotonic()
+    engine.start()
+    params = SamplingParams(temperature=0.0, max_new_tokens=3, ignore_eos=True)
+    for _ in range(3):  # back to back: never idle for IDLE_TRIM_S in between
+        engine.submit([5, 9, 11], params).result(timeout=30)
+    finished = time.monotonic()
+    deadline = finished + 5
+    while not [t for t in calls if t >= finished] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    after = [t for t in calls if t >= finished]
+    assert after and after[0] - finished >= 0.4  # after the quiet spell, not at once
+    assert not [
+        t for t in calls if started <= t < finished
+    ]  # requests that follow each other never pay for one
