@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine import EngineConfig, LLMEngine, SamplingParams
+from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
 
+from .conftest import model_cache_dir
 from .helpers import assert_greedy_equal, collect, event_tokens, reference_greedy
 
 pytestmark = pytest.mark.slow
@@ -71,3 +72,30 @@ def test_real_model_chat_answer_and_stream(real_loaded, real_case):
     assert finish.finish_reason == "stop" and "France" not in finish.text
     assert reference_text.startswith(finish.text)
     engine.shutdown()
+
+
+def test_an_engine_owning_the_real_model_frees_its_float_weights_and_gives_the_same_tokens(
+    real_loaded, real_case
+):
+    # What the worker runs (LLMEngine.from_spec): the default model's projections kept only as packed copies and
+    # GGUF blocks, its embedding looked up from the Q8_0 blocks of the tied lm_head.
+    prompts, refs = real_case
+    own = load_model(real_loaded.spec, model_cache_dir(), device="cpu")
+    engine = LLMEngine(
+        own, EngineConfig(device="cpu", max_num_seqs=4, kv_cache_tokens=4 * 512), owns_model=True
+    )
+    try:
+        runner = engine._runner
+        if runner.lm_head.blocks is None:
+            pytest.skip("no native kernels here (no compiler): nothing is released")
+        assert runner.embed is None and runner.embed_blocks is not None and runner.embed_blocks.kind == "q8_0"
+        assert all(lw.gate_up.weight is None for lw in runner.layers)
+        handles = [engine.submit(p, SamplingParams(temperature=0, max_new_tokens=MAX_NEW)) for p in prompts]
+        engine.run_until_idle()
+        for prompt, handle, ref in zip(prompts, handles, refs, strict=True):
+            events, finish = collect(handle, timeout=0)
+            assert_greedy_equal(
+                real_loaded.model, prompt, event_tokens(events), ref, real_loaded.eos_token_ids, finish
+            )
+    finally:
+        engine.shutdown()

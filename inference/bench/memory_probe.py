@@ -1,0 +1,67 @@
+"""``python -m inference.bench.memory_probe [N] [THREADS]``: peak RSS of a fresh engine process serving N requests.
+
+What the worker does, measured in one new process: load the default model (``load_model``), build the engine that
+owns it (``owns_model=True``, as ``LLMEngine.from_spec``), then prefill N 128-token prompts and decode 128 tokens
+each (greedy, EOS ignored, prefix cache on as configured by default). Prints one JSON line with the RSS (MB, 10**6
+bytes) after import, after load, after the engine is built, after the run, and the kernel's high-water mark
+(``VmHWM``) at the end of each stage: the peak includes the load, unlike the side-by-side bench's per-run peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) * 1024 / 1e6, 1)
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m inference.bench.memory_probe")
+    p.add_argument("n", type=int, nargs="?", default=32)
+    p.add_argument("threads", type=int, nargs="?", default=2)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--cache-dir", default="var/models")
+    args = p.parse_args(argv)
+    stages: dict[str, dict[str, float]] = {}
+
+    def stage(name: str) -> None:
+        stages[name] = {"rss_mb": _status_mb("VmRSS"), "peak_mb": _status_mb("VmHWM")}
+
+    import torch  # noqa: F401  (the import itself is a stage)
+
+    stage("import")
+    from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
+    from inference.engine.config import DEFAULT_MODEL_SPEC
+
+    loaded = load_model(DEFAULT_MODEL_SPEC, args.cache_dir, device="cpu", num_threads=args.threads)
+    stage("loaded")
+    engine = LLMEngine(loaded, EngineConfig(device="cpu", num_threads=args.threads), owns_model=True)
+    stage("engine")
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, ignore_eos=True)
+    for i in range(args.n):
+        engine.submit(list(range(1000, 1127)) + [2000 + i], params)
+    t = time.perf_counter()
+    engine.run_until_idle()
+    stage("run")
+    result = {
+        "n": args.n,
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "run_s": round(time.perf_counter() - t, 1),
+        "stages": stages,
+        "peak_rss_mb": stages["run"]["peak_mb"],
+    }
+    print(json.dumps(result))
+    engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
