@@ -262,7 +262,6 @@ class ModelRunner:
         self.layers: list[_Layer] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             projections = (
                 attn.q_proj,
                 attn.k_proj,
@@ -272,7 +271,9 @@ class ModelRunner:
                 mlp.up_proj,
                 mlp.down_proj,
             )
+            # The weights as loaded (views of the checkpoint's mapping), taken before fusing re-points the modules.
             loaded = {id(m): m.weight.data for m in projections} if release_weights else {}
+            wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
             lw = _Layer(
                 ln1=layer.input_layernorm.weight.data,

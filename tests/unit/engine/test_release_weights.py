@@ -168,3 +168,48 @@ def test_the_loop_thread_trims_the_heap_once_a_burst_is_over_and_not_between_req
     assert not [
         t for t in calls if started <= t < finished
     ]  # requests that follow each other never pay for one
+
+
+@needs_gcc
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc/self/maps")
+def test_an_owning_engine_evicts_every_loaded_projection_and_lets_go_of_the_checkpoint(
+    gguf_tiny_loaded, tmp_path, monkeypatch
+):
+    from transformers import AutoModelForCausalLM
+
+    from inference.engine import memory
+
+    gguf_tiny_loaded.model.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    checkpoint = str(tmp_path / "model.safetensors")
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as maps:
+            return any(checkpoint in line for line in maps)
+
+    assert mapped()  # transformers maps the file: the weights are views of it
+    loaded_ptrs = {p.data_ptr() for n, p in model.named_parameters() if n.endswith("proj.weight")}
+    evicted: list[int] = []
+    real = memory.drop_file_pages
+
+    def recording(tensor):
+        evicted.append(tensor.data_ptr())
+        return real(tensor)
+
+    monkeypatch.setattr(memory, "drop_file_pages", recording)
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=gguf_tiny_loaded.tokenizer,
+        spec=gguf_tiny_loaded.spec,
+        device=gguf_tiny_loaded.device,
+        dtype=torch.float32,
+        eos_token_ids=gguf_tiny_loaded.eos_token_ids,
+    )
+    engine = engine_for(loaded, owns_model=True)
+    try:
+        assert loaded_ptrs <= set(evicted)  # q, k and v too, not only their fused copy
+        del model, loaded
+        assert not mapped()  # no view of the file is left, so none of its pages stays resident
+        assert [len(t) for t in greedy_tokens(engine, PROMPTS[:2], [3, 3])] == [3, 3]
+    finally:
+        engine.shutdown()
