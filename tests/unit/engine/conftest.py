@@ -129,11 +129,4 @@ def gguf_tiny_loaded(tiny_loaded) -> LoadedModel:
             if param.dim() == 2:
                 kind = "q8_0" if "embed" in name or "lm_head" in name else "q4_1"
                 param.copy_(gguf_roundtrip(param, kind))
-    return LoadedModel(
-        model=model,
-        tokenizer=tiny_loaded.tokenizer,
-        spec=tiny_loaded.spec,
-        device=tiny_loaded.device,
-        dtype=tiny_loaded.dtype,
-        eos_token_ids=tiny_loaded.eos_token_ids,
-    )
+    return replace(tiny_loaded, model=model)

@@ -10,6 +10,7 @@ import copy
 import shutil
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -30,14 +31,7 @@ LENGTHS = [4 + 3 * i for i in range(9)]
 
 def fresh(loaded: LoadedModel) -> LoadedModel:
     """A copy of ``loaded`` with a model of its own (an owning engine empties the one it gets)."""
-    return LoadedModel(
-        model=copy.deepcopy(loaded.model),
-        tokenizer=loaded.tokenizer,
-        spec=loaded.spec,
-        device=loaded.device,
-        dtype=loaded.dtype,
-        eos_token_ids=loaded.eos_token_ids,
-    )
+    return replace(loaded, model=copy.deepcopy(loaded.model))
 
 
 def engine_for(loaded: LoadedModel, owns_model: bool) -> LLMEngine:
@@ -197,14 +191,7 @@ def test_an_owning_engine_evicts_every_loaded_projection_and_lets_go_of_the_chec
         return real(tensor)
 
     monkeypatch.setattr(memory, "drop_file_pages", recording)
-    loaded = LoadedModel(
-        model=model,
-        tokenizer=gguf_tiny_loaded.tokenizer,
-        spec=gguf_tiny_loaded.spec,
-        device=gguf_tiny_loaded.device,
-        dtype=torch.float32,
-        eos_token_ids=gguf_tiny_loaded.eos_token_ids,
-    )
+    loaded = replace(gguf_tiny_loaded, model=model)
     engine = engine_for(loaded, owns_model=True)
     try:
         assert loaded_ptrs <= set(evicted)  # q, k and v too, not only their fused copy
