@@ -104,13 +104,6 @@ class _Linear:
         ``LinearBlocks.USE_UP_TO_ROWS`` rows, the oneDNN-packed copy beyond."""
         return self.packed is not None and self.blocks is not None
 
-    def drop_weight(self) -> None:
-        """Forget the float weight (only when :attr:`covered`; the caller frees the model's own reference)."""
-        if not self.covered:
-            raise EngineError("a projection without both packed and block forms still needs its float weight")
-        self.weight = None
-        self.rows = None
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocks is not None and 0 < x.shape[0] <= self.blocks.USE_UP_TO_ROWS:
             return self.blocks(x.contiguous(), self.block_weight, self.bias)
@@ -156,7 +149,8 @@ def _release(linear: _Linear | None, loaded: dict[int, torch.Tensor], *modules: 
     if linear is not None:
         if not linear.covered:
             return
-        linear.drop_weight()
+        linear.weight = None  # every call now takes the blocks or the packed copy
+        linear.rows = None
     for module in modules:
         module.weight.data = module.weight.data.new_empty(0)
         original = loaded.pop(id(module), None)
