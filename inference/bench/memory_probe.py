@@ -14,13 +14,7 @@ import json
 import sys
 import time
 
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return round(int(line.split()[1]) * 1024 / 1e6, 1)
-    return float("nan")
+from .metrics import read_status_mb
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     stages: dict[str, dict[str, float]] = {}
 
     def stage(name: str) -> None:
-        stages[name] = {"rss_mb": _status_mb("VmRSS"), "peak_mb": _status_mb("VmHWM")}
+        stages[name] = {
+            field: round(read_status_mb(proc_field) or float("nan"), 1)
+            for field, proc_field in (("rss_mb", "VmRSS"), ("peak_mb", "VmHWM"))
+        }
 
     import torch  # noqa: F401  (the import itself is a stage)
 

@@ -200,26 +200,33 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 1e6
 
 
-def reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark (VmHWM) of this process. True on success (Linux >= 4.0)."""
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Reset the kernel's RSS high-water mark (VmHWM) of process ``pid`` (this one by default). True on success
+    (Linux >= 4.0)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")
         return True
     except OSError:
         return False
 
 
-def read_peak_rss_mb() -> float | None:
-    """Kernel RSS high-water mark (VmHWM) of this process in MB, or None where unavailable."""
+def read_status_mb(field: str = "VmHWM", pid: int | str = "self") -> float | None:
+    """A memory field of ``/proc/PID/status`` in MB (``VmHWM``: the kernel's RSS high-water mark, ``VmRSS``: the
+    RSS now), or None where unavailable (not Linux, the process gone)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024 / 1e6
     except OSError:
         return None
     return None
+
+
+def read_peak_rss_mb() -> float | None:
+    """Kernel RSS high-water mark (VmHWM) of this process in MB, or None where unavailable."""
+    return read_status_mb("VmHWM")
 
 
 class RssSampler:

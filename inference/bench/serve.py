@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from .metrics import read_status_mb, reset_peak_rss
 from .workloads import Workload
 
 
@@ -48,26 +49,6 @@ class PeakRss:
     def _tree(self) -> list:
         return [self._proc, *self._proc.children(recursive=True)]
 
-    @staticmethod
-    def _reset_hwm(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/clear_refs", "w") as f:
-                f.write("5")
-            return True
-        except OSError:
-            return False
-
-    @staticmethod
-    def _hwm_bytes(pid: int) -> int:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
-
     def _sample(self) -> None:
         total = 0
         for p in self._tree():
@@ -83,7 +64,7 @@ class PeakRss:
 
     def __enter__(self) -> PeakRss:
         self._pids = [p.pid for p in self._tree()]
-        if not all(self._reset_hwm(pid) for pid in self._pids):
+        if not all(reset_peak_rss(pid) for pid in self._pids):
             self._pids = []
             self._sample()
             self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,7 +77,7 @@ class PeakRss:
             self._thread.join()
             self._sample()
         else:
-            self.peak_mb = sum(self._hwm_bytes(pid) for pid in self._pids) / 1e6
+            self.peak_mb = sum(read_status_mb("VmHWM", pid) or 0.0 for pid in self._pids)
 
 
 def step_summary(steps: list) -> dict:
