@@ -611,14 +611,20 @@ class LLMEngine:
                         self._cond.wait(IDLE_TRIM_S)
                     quiet = not self._requests and not self._stopping
                 if quiet:
-                    trim_heap()  # a burst is over: hand back what its activations and freed blocks held
+                    # a burst is over: hand back the KV pages of finished requests and what activations held
+                    with self._step_lock:
+                        self.kv.discard_stale()
+                    trim_heap()
                 with self._cond:
                     while not self._stopping and not self._requests:
-                        self._cond.wait()
+                        if adaptive is None:
+                            self._cond.wait()
+                        elif not self._cond.wait(adaptive.interval_s):
+                            adaptive.idle_tick()  # keep a fresh reading of the contention for resume()
                     if self._stopping:
                         return
                 if idle and adaptive is not None:
-                    # judge contention from now on, not over the idle spell, starting again with all threads
+                    # judge the contention of the last window, not of the whole idle spell (threads.py)
                     self._apply_threads(adaptive.resume())
                 try:
                     self.step()

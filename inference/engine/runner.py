@@ -253,6 +253,7 @@ class ModelRunner:
         rows = kernels.linear_rows() if native else None
         blocks = kernels.linear_blocks() if native else None
         self.elementwise = kernels.elementwise() if native else None
+        self.rope_cache = kernels.rope_cache() if native else None
         self.layers: list[_Layer] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -302,6 +303,11 @@ class ModelRunner:
             self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
         )
         self.decode_kernel = kernel if supported else None
+        prefill = kernels.prefill_attention() if native else None
+        supported = prefill is not None and prefill.supports(
+            self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
+        )
+        self.prefill_kernel = prefill if supported else None
         self.packed = self.lm_head.packed is not None
         # Same formula and order of float ops as LlamaRotaryEmbedding.forward, evaluated once.
         inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
@@ -358,11 +364,12 @@ class ModelRunner:
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(batch.positions, dtype=torch.long, device=dev)
         slots = torch.tensor(batch.slots, dtype=torch.long, device=dev)
-        cos = self.cos.index_select(0, pos).unsqueeze(1)  # [T, 1, hd]
-        sin = self.sin_signed.index_select(0, pos).unsqueeze(1)
-        # Flat row index of (slot, kv_head, position) in a cache tensor viewed as [-1, hd].
-        heads = self._arange[:nkv]
-        write_idx = ((slots.unsqueeze(1) * nkv + heads.unsqueeze(0)) * L + pos.unsqueeze(1)).flatten()
+        if self.rope_cache is None:
+            cos = self.cos.index_select(0, pos).unsqueeze(1)  # [T, 1, hd]
+            sin = self.sin_signed.index_select(0, pos).unsqueeze(1)
+            # Flat row index of (slot, kv_head, position) in a cache tensor viewed as [-1, hd].
+            heads = self._arange[:nkv]
+            write_idx = ((slots.unsqueeze(1) * nkv + heads.unsqueeze(0)) * L + pos.unsqueeze(1)).flatten()
 
         nd = batch.num_decode
         dec = self._decode_plan(batch) if nd else None
@@ -376,19 +383,29 @@ class ModelRunner:
         for li, lw in enumerate(self.layers):
             h = self._rms_norm(x, lw.ln1)
             qkv = lw.qkv(h)
-            qk = self._rope(qkv[:, :qk_width].view(T, nh + nkv, hd), cos, sin)
-            q = qk[:, :nh]
             k_cache, v_cache = kv.k[li], kv.v[li]
-            k_cache.view(-1, hd).index_copy_(0, write_idx, qk[:, nh:].reshape(T * nkv, hd))
-            v_cache.view(-1, hd).index_copy_(0, write_idx, qkv[:, qk_width:].reshape(T * nkv, hd))
+            if self.rope_cache is not None:
+                q = self.rope_cache(qkv, self.cos, self.sin_signed, pos, slots, k_cache, v_cache, nh, nkv)
+            else:
+                qk = self._rope(qkv[:, :qk_width].view(T, nh + nkv, hd), cos, sin)
+                q = qk[:, :nh]
+                k_cache.view(-1, hd).index_copy_(0, write_idx, qk[:, nh:].reshape(T * nkv, hd))
+                v_cache.view(-1, hd).index_copy_(0, write_idx, qkv[:, qk_width:].reshape(T * nkv, hd))
 
             outs = []
             if dec is not None:
                 outs.append(self._decode_attention(q[:nd], k_cache, v_cache, dec))
-            for (slot, start, n), offset, mask in pre:
+            if isinstance(pre, torch.Tensor):
                 outs.append(
-                    self._prefill_attention(q[offset : offset + n], k_cache, v_cache, slot, start, n, mask)
+                    self.prefill_kernel(q.contiguous(), k_cache, v_cache, pre, self.n_rep, self.scale)
                 )
+            else:
+                for (slot, start, n), offset, mask in pre:
+                    outs.append(
+                        self._prefill_attention(
+                            q[offset : offset + n], k_cache, v_cache, slot, start, n, mask
+                        )
+                    )
             attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
             x.add_(lw.o(attn))
 
@@ -474,9 +491,19 @@ class ModelRunner:
             out = out.index_select(0, index)
         return out.reshape(nd, nkv * n_rep * hd)
 
-    def _prefill_plan(self, batch: StepBatch) -> list[tuple[tuple[int, int, int], int, torch.Tensor]]:
-        plans = []
+    def _prefill_plan(
+        self, batch: StepBatch
+    ) -> torch.Tensor | list[tuple[tuple[int, int, int], int, torch.Tensor]]:
+        """How the step's prefill chunks attend, shared by all layers: for the native kernel the int64 ``[C, 4]``
+        table of (slot, start, length, first row); for SDPA one (chunk, first row, causal mask) per chunk."""
         offset = batch.num_decode
+        if self.prefill_kernel is not None and batch.prefills:
+            table = []
+            for slot, start, n in batch.prefills:
+                table.append((slot, start, n, offset))
+                offset += n
+            return torch.tensor(table, dtype=torch.long)
+        plans = []
         for slot, start, n in batch.prefills:
             # Causal mask offset by the cached prefix: query i (position start+i) sees keys
             # 0..start+i. Repeated n_rep times for the folded GQA query layout.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import subprocess
+import sys
 import threading
 import time
+
+import pytest
 
 from inference.engine import EngineStopped, SamplingParams, TokenEvent
 
@@ -86,3 +91,40 @@ def test_cancel_from_another_thread_while_streaming(make_engine, tokenizer):
     assert events[-1].usage.completion_tokens < 400
     assert engine.load().running == 0
     engine.shutdown()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) != 2, reason="needs a 2-CPU affinity set (the CI box's)")
+def test_first_step_after_idle_leaves_a_busy_neighbour_its_core(make_engine, tokenizer):
+    # A CPU-bound neighbour started while the engine idles: the first step after the idle spell (a prefill) already
+    # runs on one thread. At both threads every OpenMP barrier would wait for the descheduled one (a 128-token prefill
+    # took 2.4-3.3 s instead of 0.1 s on the 2-core box).
+    engine = make_engine(num_threads=2)
+    seen: list[int] = []
+    engine.add_step_listener(lambda stats: seen.append(stats.num_threads))
+    engine.start()
+    params = SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True)
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0 + 3 * 0.5)  # the idle trim, then idle ticks that see the neighbour
+        engine.submit(tokenizer.encode("hello " * 20), params).result(timeout=60)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert seen and seen[0] == 1, seen
+
+
+def test_finished_requests_kv_pages_are_kept_during_a_burst_and_handed_back_when_idle(
+    make_engine, monkeypatch
+):
+    from inference.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "IDLE_TRIM_S", 0.3)
+    engine = make_engine()
+    engine.start()
+    params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    engine.submit([5, 9, 11, 40] * 10, params).result(timeout=30)
+    assert engine.kv.stale_tokens > 0  # kept for the next request of the burst
+    deadline = time.monotonic() + 5
+    while engine.kv.stale_tokens and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.kv.stale_tokens == 0

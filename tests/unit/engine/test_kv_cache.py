@@ -51,3 +51,37 @@ def test_release_compacts_and_returns_memory():
         assert kv.k[layer][0, :, 512:].abs().sum() == 0
         assert kv.v[layer][0, :, 512:].abs().sum() == 0
         assert kv.k[layer][2].abs().sum() == 0  # vacated slot released entirely
+
+
+def test_freed_pages_are_kept_within_the_allowance_and_discarded_past_it():
+    kv = KVCache(2, 2, 64, 3, 4096, 8192, torch.float32, torch.device("cpu"), retain_tokens=500)
+    a, b, c = Owner(), Owner(), Owner()
+    assert kv.try_allocate(a, 300) and kv.try_allocate(b, 200)
+    kv.k[0][1, :, :200] = 2.0
+    kv.release(
+        b
+    )  # 200 stale positions <= 500: the slot keeps its pages (its next user writes without faults)
+    assert kv.stale_tokens == 200 and kv.k[0][1, :, :200].min() == 2.0
+    assert kv.try_allocate(c, 900) and c.slot == 1
+    kv.k[0][1, :, :900] = 3.0
+    c.num_cached = 900
+    kv.release(a)  # c moves into slot 0; slot 1 (900) and slot 0's old pages would make 900 stale > 500
+    assert c.slot == 0 and kv.stale_tokens == 0
+    assert kv.k[0][1].abs().sum() == 0  # the vacated slot handed back at once
+    assert kv.k[0][0, :, :900].min() == 3.0  # the mover's copied positions intact
+
+
+def test_discard_stale_returns_every_page_no_running_request_reserved():
+    kv = _cache()
+    a, b = Owner(), Owner()
+    assert kv.try_allocate(a, 300) and kv.try_allocate(b, 200)
+    for layer in range(2):
+        kv.k[layer][:2, :, :300] = 1.0
+    kv.release(b)  # within the allowance: slot 1 keeps its pages
+    assert kv.stale_tokens == 200 and kv.k[0][1].abs().sum() > 0
+    kv.discard_stale()
+    assert kv.stale_tokens == 0
+    for layer in range(2):
+        assert kv.k[layer][1].abs().sum() == 0  # vacated slot handed back
+        assert kv.k[layer][0, :, 304:].abs().sum() == 0  # a's pages past its reservation (page-rounded)
+        assert kv.k[layer][0, :, :300].abs().sum() > 0  # a's reserved positions untouched

@@ -14,6 +14,7 @@ class _Script:
 
     def __init__(self, values):
         self.values = list(values)
+        self.last_window_s = 0.5
 
     def sample(self):
         return self.values.pop(0)
@@ -37,22 +38,37 @@ def test_steps_down_at_once_and_up_after_two_calm_intervals():
     assert policy.current == 2 and policy.changes == 2
 
 
-def test_resuming_after_idle_starts_a_fresh_window_instead_of_judging_the_idle_spell():
-    # The idle spell's reading (a neighbour's burst that ended: 1.5 cores) is dropped by resume(); the first
-    # decision after it reads the next window (calm), so the engine keeps both threads.
-    policy = AdaptiveThreads(2, interval_s=0.0)
-    policy._monitor = _Script([1.5, 0.1, 1.2])
-    assert policy.resume() is None  # already at all threads
-    assert policy.poll() is None and policy.current == 2
-    assert policy.poll() == 1  # a neighbour still busy is seen at the next window as before
+def test_resume_judges_the_latest_idle_window_not_the_whole_idle_spell():
+    # A neighbour's burst early in the idle spell (1.5 cores) is forgotten by the next idle tick (calm); resume's
+    # own window is calm too, so the engine keeps both threads.
+    policy = _policy(2, [1.5, 0.1, 0.0, 1.2])
+    policy.idle_tick()
+    policy.idle_tick()
+    assert policy.resume() is None and policy.current == 2
+    assert policy.poll() == 1  # a neighbour that starts later is seen at the next window as before
 
 
-def test_resuming_after_idle_starts_again_with_all_threads():
+def test_resume_leaves_a_busy_neighbour_its_core_before_the_first_step():
+    # The neighbour is busy now: the first step (a prefill) must not run at all threads, where every OpenMP barrier
+    # waits for the descheduled thread.
+    policy = _policy(2, [1.0, 1.0])
+    policy.idle_tick()
+    assert policy.resume() == 1 and policy.current == 1
+
+
+def test_resume_falls_back_to_the_last_idle_window_when_its_own_is_too_short():
+    policy = _policy(2, [1.0, 0.0])
+    policy.idle_tick()
+    policy._monitor.last_window_s = AdaptiveThreads.MIN_WINDOW_S / 2  # resume() came right after the tick
+    assert policy.resume() == 1  # the idle window's reading (busy), not the 50 ms one (calm)
+
+
+def test_resuming_after_idle_starts_again_with_all_threads_once_the_neighbour_is_gone():
     # Stepped down before the idle spell: without the reset the next burst's prefill would run on one thread
     # for two more windows even though the neighbour has gone.
-    policy = AdaptiveThreads(2, interval_s=0.0)
-    policy._monitor = _Script([1.0, 0.0, 0.0, 1.1])
+    policy = _policy(2, [1.0, 0.0, 0.0, 0.0, 1.1])
     assert policy.poll() == 1
+    policy.idle_tick()
     assert policy.resume() == 2 and policy.current == 2
     assert policy.poll() is None  # calm window: stays at 2
     assert policy.poll() == 1  # the neighbour is back: down at once

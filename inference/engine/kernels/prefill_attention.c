@@ -1,0 +1,329 @@
+/* Causal attention of a step's prefill chunks over the slot KV cache (tiled, online softmax: FlashAttention-2,
+ * Dao 2023, in the form of llama.cpp's and vLLM's CPU kernels: one work item per block of queries and KV head).
+ *
+ * Why: torch's flash-attention CPU kernel takes an explicit mask for a chunk that follows a cached prefix, and
+ * with a mask it computes every query-key pair, masked or not; GQA has to be folded into the query axis around
+ * it. On the 2-core box (Zen 5, bf16) it ran a 1500-token prompt's attention at ~31 ms a layer, most of that
+ * long prompt's time to first token. Here blocks of keys wholly after a query block's last position are never
+ * visited, the rep query heads of a KV head share each K/V tile, and the products are vectorised with
+ * register blocking (GCC vector extensions: AVX-512 or AVX2, whichever -march=native gives).
+ *
+ * Layouts (contiguous; T = element type, bf16 as uint16_t or float):
+ *   q     [tokens, nkv, rep, hd]   the step's rotated queries (query head h uses KV head h / rep, as HF)
+ *   k, v  [slots, nkv, slot_len, hd]   the cache, already holding every chunk's own keys and values
+ *   chunks int64 [num_chunks, 4]   (slot, start, n, row): the chunk's queries are rows row..row+n-1 of q, at
+ *                                  positions start..start+n-1; query i attends to positions 0..start+i
+ *   out   [tokens, nkv, rep, hd]   only the chunks' rows are written
+ * Math in float32 (as torch's kernel for bf16), the output rounded to T. Returns 0, 1 for an unsupported geometry
+ * (hd not a multiple of 16 or > 256, rep > 8), 2 for a chunk outside the cache or q, 3 when scratch memory could
+ * not be allocated.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#define BQ 32 /* queries per work item (16: 11 % slower for a 1500-token prompt, the tiles packed twice as often) */
+#define BK 64 /* keys per tile */
+#define MAX_HD 256
+#define MAX_REP 8
+#define NV (BK / 16)
+
+typedef float v16 __attribute__((vector_size(64)));
+
+#ifdef __AVX512F__
+#define RB 4 /* rows per register block: 4 x 4 accumulators of 16 floats fit AVX-512's 32 registers */
+#else
+#define RB 2 /* AVX2: a v16 is two registers */
+#endif
+
+static inline float load_bf16(uint16_t x) { return bf16_to_f32(x); }
+static inline float load_f32(float x) { return x; }
+static inline float store_f32(float x) { return x; }
+
+typedef struct {
+    float *qf, *acc, *s, *kt, *vf, *m, *l;
+    uint16_t *kp, *vp, *pb; /* the bf16 dot-product path's packed tiles and probabilities */
+} scratch_t;
+
+/* s[r][0:BK] = qf[r] . kt[:, 0:BK] for rows r0..r0+RB-1 (kt is [hd][BK], the tile transposed). */
+static inline void scores_block(const float *qf, const float *kt, float *s, int64_t hd) {
+    v16 a[RB][NV];
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NV; c++) a[i][c] = (v16){0};
+    for (int64_t d = 0; d < hd; d++) {
+        const v16 *kv = (const v16 *)(kt + d * BK);
+        for (int i = 0; i < RB; i++) {
+            const float qv = qf[i * hd + d];
+            for (int c = 0; c < NV; c++) a[i][c] += qv * kv[c];
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NV; c++) ((v16 *)(s + i * BK))[c] = a[i][c];
+}
+
+/* acc[r][d0:d0+16*NC] += sum_j p[r][j] * vf[j][d0:d0+16*NC] for rows r0..r0+RB-1 and j < nb. */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, const float *vf, float *acc, int64_t hd,
+                                                          int64_t nb, int64_t d0, const int NC) {
+    v16 a[RB][4];
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NC; c++) a[i][c] = ((const v16 *)(acc + i * hd + d0))[c];
+    for (int64_t j = 0; j < nb; j++) {
+        const v16 *vv = (const v16 *)(vf + j * hd + d0);
+        for (int i = 0; i < RB; i++) {
+            const float pv = p[i * BK + j];
+            for (int c = 0; c < NC; c++) a[i][c] += pv * vv[c];
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NC; c++) ((v16 *)(acc + i * hd + d0))[c] = a[i][c];
+}
+
+static inline void pv_block(const float *p, const float *vf, float *acc, int64_t hd, int64_t nb) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) pv_cols(p, vf, acc, hd, nb, d0, 4);
+    if (hd - d0 == 48) pv_cols(p, vf, acc, hd, nb, d0, 3);
+    else if (hd - d0 == 32) pv_cols(p, vf, acc, hd, nb, d0, 2);
+    else if (hd - d0 == 16) pv_cols(p, vf, acc, hd, nb, d0, 1);
+}
+
+/* One work item: queries q0..q0+nq-1 of a chunk (all rep heads of KV head g). Rows are padded to a multiple of RB
+ * with copies of the last row (their results are dropped). */
+#define DEFINE_ITEM(SUFFIX, T, LOAD, STORE)                                                                  \
+    static void item_##SUFFIX(const T *q, const T *kb, const T *vb, T *out, int64_t q0, int64_t nq,           \
+                              int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd, float scale,    \
+                              scratch_t *w) {                                                                 \
+        const int64_t rows = nq * rep, padded = (rows + RB - 1) / RB * RB;                                    \
+        for (int64_t r = 0; r < padded; r++) {                                                                \
+            const int64_t rr = r < rows ? r : rows - 1, qi = q0 + rr / rep, h = rr % rep;                     \
+            const T *src = q + ((qi * nkv + g) * rep + h) * hd;                                               \
+            for (int64_t d = 0; d < hd; d++) w->qf[r * hd + d] = LOAD(src[d]) * scale;                        \
+            memset(w->acc + r * hd, 0, sizeof(float) * (size_t)hd);                                           \
+            w->m[r] = -INFINITY;                                                                              \
+            w->l[r] = 0.f;                                                                                    \
+        }                                                                                                     \
+        const int64_t kend = start + q0 + nq; /* keys 0..kend-1: the last query's causal range */             \
+        for (int64_t k0 = 0; k0 < kend; k0 += BK) {                                                           \
+            const int64_t nb = kend - k0 < BK ? kend - k0 : BK;                                               \
+            for (int64_t j = 0; j < nb; j++) {                                                                \
+                const T *kr = kb + (k0 + j) * hd, *vr = vb + (k0 + j) * hd;                                   \
+                for (int64_t d = 0; d < hd; d++) {                                                            \
+                    w->kt[d * BK + j] = LOAD(kr[d]);                                                          \
+                    w->vf[j * hd + d] = LOAD(vr[d]);                                                          \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int64_t j = nb; j < BK; j++)                                                                 \
+                for (int64_t d = 0; d < hd; d++) w->kt[d * BK + j] = 0.f;                                     \
+            for (int64_t r = 0; r < padded; r += RB) scores_block(w->qf + r * hd, w->kt, w->s + r * BK, hd);  \
+            for (int64_t r = 0; r < padded; r++) {                                                            \
+                const int64_t rr = r < rows ? r : rows - 1;                                                   \
+                const int64_t last = start + q0 + rr / rep - k0; /* last visible key in this tile */          \
+                const int64_t nv = last + 1 < nb ? last + 1 : nb;                                             \
+                float *sr = w->s + r * BK;                                                                    \
+                if (nv <= 0) { /* the whole tile is after this query: no contribution */                      \
+                    for (int64_t j = 0; j < BK; j++) sr[j] = 0.f;                                             \
+                    continue;                                                                                 \
+                }                                                                                             \
+                float mx = w->m[r];                                                                           \
+                for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;                                \
+                const float corr = expf(w->m[r] - mx);                                                        \
+                float sum = 0.f;                                                                              \
+                for (int64_t j = 0; j < nv; j++) {                                                            \
+                    sr[j] = expf(sr[j] - mx);                                                                 \
+                    sum += sr[j];                                                                             \
+                }                                                                                             \
+                for (int64_t j = nv; j < BK; j++) sr[j] = 0.f;                                                \
+                w->l[r] = w->l[r] * corr + sum;                                                               \
+                w->m[r] = mx;                                                                                 \
+                if (corr != 1.f)                                                                              \
+                    for (int64_t d = 0; d < hd; d++) w->acc[r * hd + d] *= corr;                              \
+            }                                                                                                 \
+            for (int64_t r = 0; r < padded; r += RB) pv_block(w->s + r * BK, w->vf, w->acc + r * hd, hd, nb); \
+        }                                                                                                     \
+        for (int64_t r = 0; r < rows; r++) {                                                                  \
+            const int64_t qi = q0 + r / rep, h = r % rep;                                                     \
+            T *dst = out + ((qi * nkv + g) * rep + h) * hd;                                                   \
+            const float inv = 1.f / w->l[r];                                                                  \
+            for (int64_t d = 0; d < hd; d++) dst[d] = STORE(w->acc[r * hd + d] * inv);                       \
+        }                                                                                                     \
+    }
+
+DEFINE_ITEM(bf16, uint16_t, load_bf16, f32_to_bf16)
+DEFINE_ITEM(f32, float, load_f32, store_f32)
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define HAVE_BF16_DP 1
+
+/* bf16 inputs on a CPU with AVX512-BF16: Q.K^T and P.V as bf16 pair dot products (vdpbf16ps) with float32
+ * accumulation, half the instructions of the float32 path, as oneDNN's and torch's bf16 GEMMs do; P is rounded
+ * to bf16 before P.V (as torch's flash-attention CPU kernel does for bf16). The scale is applied to the float32
+ * scores, not to q. Tiles: K as [hd/2][BK][2] and V as [BK/2][hd][2] (pairs along the reduced axis). hd % 64 == 0. */
+static void item_bf16_dp(const uint16_t *q, const uint16_t *kb, const uint16_t *vb, uint16_t *out, int64_t q0,
+                         int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd, float scale,
+                         scratch_t *w) {
+    const int64_t rows = nq * rep, padded = (rows + 3) / 4 * 4, pairs = hd / 2;
+    const uint32_t *qrow[BQ * MAX_REP + 4];
+    for (int64_t r = 0; r < padded; r++) {
+        const int64_t rr = r < rows ? r : rows - 1, qi = q0 + rr / rep, h = rr % rep;
+        qrow[r] = (const uint32_t *)(q + ((qi * nkv + g) * rep + h) * hd);
+        memset(w->acc + r * hd, 0, sizeof(float) * (size_t)hd);
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.f;
+    }
+    const int64_t kend = start + q0 + nq;
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int64_t nb = kend - k0 < BK ? kend - k0 : BK, nb2 = (nb + 1) / 2;
+        uint32_t *kp = (uint32_t *)w->kp, *vp = (uint32_t *)w->vp;
+        for (int64_t j = 0; j < BK; j++) {
+            const uint32_t *kr = (const uint32_t *)(kb + (k0 + j) * hd);
+            for (int64_t p = 0; p < pairs; p++) kp[p * BK + j] = j < nb ? kr[p] : 0u;
+        }
+        for (int64_t jj = 0; jj < nb2; jj++) {
+            const uint16_t *v0 = vb + (k0 + 2 * jj) * hd;
+            const int second = 2 * jj + 1 < nb;
+            for (int64_t d = 0; d < hd; d++)
+                vp[jj * hd + d] = (uint32_t)v0[d] | (second ? (uint32_t)v0[hd + d] << 16 : 0u);
+        }
+        for (int64_t r = 0; r < padded; r += 4) {
+            __m512 a[4][NV];
+            for (int i = 0; i < 4; i++)
+                for (int c = 0; c < NV; c++) a[i][c] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < pairs; p++) {
+                __m512bh kv[NV];
+                for (int c = 0; c < NV; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kp + p * BK + c * 16);
+                for (int i = 0; i < 4; i++) {
+                    const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qrow[r + i][p]);
+                    for (int c = 0; c < NV; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qv, kv[c]);
+                }
+            }
+            for (int i = 0; i < 4; i++)
+                for (int c = 0; c < NV; c++) _mm512_storeu_ps(w->s + (r + i) * BK + c * 16, a[i][c]);
+        }
+        for (int64_t r = 0; r < padded; r++) {
+            const int64_t rr = r < rows ? r : rows - 1;
+            const int64_t last = start + q0 + rr / rep - k0;
+            const int64_t nv = last + 1 < nb ? last + 1 : nb;
+            float *sr = w->s + r * BK;
+            uint16_t *pr = w->pb + r * BK;
+            if (nv <= 0) {
+                memset(pr, 0, sizeof(uint16_t) * BK);
+                continue;
+            }
+            float mx = w->m[r];
+            for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;
+            const float corr = expf((w->m[r] - mx) * scale);
+            float sum = 0.f;
+            for (int64_t j = 0; j < nv; j++) {
+                sr[j] = expf((sr[j] - mx) * scale);
+                sum += sr[j];
+            }
+            for (int64_t j = 0; j < nv; j++) pr[j] = f32_to_bf16(sr[j]);
+            for (int64_t j = nv; j < BK; j++) pr[j] = 0;
+            w->l[r] = w->l[r] * corr + sum;
+            w->m[r] = mx;
+            if (corr != 1.f)
+                for (int64_t d = 0; d < hd; d++) w->acc[r * hd + d] *= corr;
+        }
+        for (int64_t r = 0; r < padded; r += 4) {
+            const uint32_t *pr = (const uint32_t *)(w->pb + r * BK);
+            for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+                __m512 a[4][4];
+                for (int i = 0; i < 4; i++)
+                    for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(w->acc + (r + i) * hd + d0 + c * 16);
+                for (int64_t jj = 0; jj < nb2; jj++) {
+                    __m512bh vv[4];
+                    for (int c = 0; c < 4; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vp + jj * hd + d0 + c * 16);
+                    for (int i = 0; i < 4; i++) {
+                        const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pr[i * (BK / 2) + jj]);
+                        for (int c = 0; c < 4; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], pv, vv[c]);
+                    }
+                }
+                for (int i = 0; i < 4; i++)
+                    for (int c = 0; c < 4; c++) _mm512_storeu_ps(w->acc + (r + i) * hd + d0 + c * 16, a[i][c]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t qi = q0 + r / rep, h = r % rep;
+        uint16_t *dst = out + ((qi * nkv + g) * rep + h) * hd;
+        const float inv = 1.f / w->l[r];
+        for (int64_t d = 0; d < hd; d++) dst[d] = f32_to_bf16(w->acc[r * hd + d] * inv);
+    }
+}
+#endif
+
+static float *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
+
+typedef void (*item_fn)(const void *, const void *, const void *, void *, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, float, scratch_t *);
+
+static int run(item_fn item, size_t elem, const void *q, const void *k, const void *v, const int64_t *chunks,
+               int64_t num_chunks, void *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd, int64_t slots,
+               int64_t slot_len, float scale) {
+    if (hd % 16 != 0 || hd > MAX_HD || rep < 1 || rep > MAX_REP) return 1;
+    int64_t items = 0;
+    for (int64_t c = 0; c < num_chunks; c++) {
+        const int64_t *ch = chunks + 4 * c;
+        if (ch[0] < 0 || ch[0] >= slots || ch[1] < 0 || ch[2] < 1 || ch[1] + ch[2] > slot_len || ch[3] < 0 ||
+            ch[3] + ch[2] > tokens)
+            return 2;
+        items += (ch[2] + BQ - 1) / BQ * nkv;
+    }
+    int failed = 0;
+    const size_t rows = (size_t)(BQ * rep + RB + 4), tile = (size_t)hd * BK;
+#pragma omp parallel
+    {
+        scratch_t w = {alloc_floats(rows * hd), alloc_floats(rows * hd), alloc_floats(rows * BK), alloc_floats(tile),
+                       alloc_floats(tile),      alloc_floats(rows),      alloc_floats(rows),      NULL,
+                       NULL,                    NULL};
+        w.kp = (uint16_t *)alloc_floats(tile / 2 + 16);
+        w.vp = (uint16_t *)alloc_floats(tile / 2 + 16);
+        w.pb = (uint16_t *)alloc_floats(rows * BK / 2 + 16);
+        const int ok = w.qf && w.acc && w.s && w.kt && w.vf && w.m && w.l && w.kp && w.vp && w.pb;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 3;
+        }
+        /* Each chunk's last query block first: the items with the most keys start early. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!ok) continue;
+            int64_t rest = it, c = 0;
+            for (; c < num_chunks; c++) {
+                const int64_t n_items = (chunks[4 * c + 2] + BQ - 1) / BQ * nkv;
+                if (rest < n_items) break;
+                rest -= n_items;
+            }
+            const int64_t *ch = chunks + 4 * c;
+            const int64_t blocks = (ch[2] + BQ - 1) / BQ, b = blocks - 1 - rest / nkv, g = rest % nkv;
+            const int64_t q0 = b * BQ, nq = ch[2] - q0 < BQ ? ch[2] - q0 : BQ;
+            const size_t base = (size_t)((ch[0] * nkv + g) * slot_len * hd) * elem;
+            const size_t row = (size_t)(ch[3] * nkv * rep * hd) * elem;
+            item((const char *)q + row, (const char *)k + base, (const char *)v + base, (char *)out + row, q0, nq,
+                 ch[1], g, nkv, rep, hd, scale, &w);
+        }
+        free(w.qf), free(w.acc), free(w.s), free(w.kt), free(w.vf), free(w.m), free(w.l);
+        free(w.kp), free(w.vp), free(w.pb);
+    }
+    return failed;
+}
+
+int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *chunks,
+                           int64_t num_chunks, uint16_t *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd,
+                           int64_t slots, int64_t slot_len, float scale) {
+    item_fn item = (item_fn)item_bf16;
+#ifdef HAVE_BF16_DP
+    if (hd % 64 == 0) item = (item_fn)item_bf16_dp;
+#endif
+    return run(item, sizeof(uint16_t), q, k, v, chunks, num_chunks, out, tokens, nkv, rep, hd, slots, slot_len, scale);
+}
+
+int prefill_attention_f32(const float *q, const float *k, const float *v, const int64_t *chunks, int64_t num_chunks,
+                          float *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd, int64_t slots,
+                          int64_t slot_len, float scale) {
+    return run((item_fn)item_f32, sizeof(float), q, k, v, chunks, num_chunks, out, tokens, nkv, rep, hd, slots,
+               slot_len, scale);
+}

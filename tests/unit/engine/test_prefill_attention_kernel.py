@@ -1,0 +1,77 @@
+"""The native prefill-attention kernel (``prefill_attention.c``) against torch's SDPA, and in the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.engine.kernels import prefill_attention
+
+from .helpers import greedy_tokens
+
+
+def _reference(q, k_cache, v_cache, table, rep):
+    """Per chunk: SDPA in float32 with the causal mask offset by the chunk's start (what runner does without it)."""
+    outs = []
+    nkv, hd = k_cache.shape[1], k_cache.shape[3]
+    for slot, start, n, row in table.tolist():
+        qq = q[row : row + n].float().reshape(n, nkv, rep, hd).permute(1, 2, 0, 3)
+        kk = k_cache[slot, :, : start + n].float().unsqueeze(1)
+        vv = v_cache[slot, :, : start + n].float().unsqueeze(1)
+        keep = torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]
+        out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep, scale=hd**-0.5)
+        outs.append(out.permute(2, 0, 1, 3).reshape(n, nkv * rep * hd))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("nkv", "rep", "hd"), [(3, 3, 64), (2, 2, 16), (1, 4, 128), (2, 5, 48)])
+def test_kernel_matches_sdpa_for_chunks_with_and_without_a_cached_prefix(dtype, nkv, rep, hd):
+    kernel = prefill_attention()
+    assert kernel is not None and kernel.supports(dtype, head_dim=hd, n_rep=rep)
+    gen = torch.Generator().manual_seed(hd)
+    slots, slot_len, decode_rows = 4, 512, 3
+    k_cache = torch.randn(slots, nkv, slot_len, hd, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, nkv, slot_len, hd, generator=gen).to(dtype)
+    # A fresh prompt, a chunk after 100 cached positions (longer than a 64-key tile, crossing tiles), one token.
+    chunks = [(2, 0, 37), (0, 100, 130), (3, 5, 1)]
+    table, row = [], decode_rows
+    for slot, start, n in chunks:
+        table.append((slot, start, n, row))
+        row += n
+    table = torch.tensor(table)
+    q = torch.randn(row, nkv * rep, hd, generator=gen).to(dtype)
+
+    got = kernel(q, k_cache, v_cache, table, rep, hd**-0.5)
+
+    assert got.shape == (row - decode_rows, nkv * rep * hd) and got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), _reference(q, k_cache, v_cache, table, rep), rtol=tol, atol=tol)
+
+
+def test_kernel_refuses_chunks_outside_the_cache_or_the_queries():
+    kernel = prefill_attention()
+    assert kernel is not None
+    k_cache = v_cache = torch.zeros(2, 1, 32, 16)
+    q = torch.zeros(8, 2, 16)
+    for chunk in ((2, 0, 4, 0), (0, 30, 4, 0), (0, 0, 4, 6), (0, 0, 0, 0), (-1, 0, 4, 0)):
+        with pytest.raises(ValueError, match="refused"):
+            kernel(q, k_cache, v_cache, torch.tensor([chunk]), 2, 0.25)
+    with pytest.raises(ValueError, match="unsupported"):
+        kernel(q.bfloat16(), k_cache, v_cache, torch.tensor([(0, 0, 4, 0)]), 2, 0.25)  # mixed dtypes
+    with pytest.raises(ValueError, match="unsupported"):
+        kernel(q, k_cache, v_cache, torch.tensor([(0, 0, 4, 0)], dtype=torch.int32), 2, 0.25)
+
+
+def test_engine_greedy_output_is_the_same_with_the_kernel_and_with_sdpa(make_engine):
+    # Long prompts in 24-token chunks: fresh chunks, chunks after a cached prefix, and decodes in the same steps.
+    prompts = [[5 + i, 9, 11 + 2 * i, 40] * (6 + 5 * i) for i in range(4)]
+    lengths = [8, 12, 6, 10]
+    outputs = {}
+    for native in (True, False):
+        engine = make_engine(max_num_batched_tokens=24)
+        if not native:
+            engine._runner.prefill_kernel = None
+        outputs[native] = greedy_tokens(engine, prompts, lengths)
+    assert outputs[True] == outputs[False]
