@@ -29,15 +29,16 @@
 #define BK 64 /* keys per tile */
 #define MAX_HD 256
 #define MAX_REP 8
-#define NV (BK / 16)
-
-typedef float v16 __attribute__((vector_size(64)));
-
 #ifdef __AVX512F__
-#define RB 4 /* rows per register block: 4 x 4 accumulators of 16 floats fit AVX-512's 32 registers */
+#define VL 16 /* floats per vector register */
+#define RB 4  /* rows per register block: 4 rows x 4 vectors of accumulators, AVX-512's 32 registers */
 #else
-#define RB 2 /* AVX2: a v16 is two registers */
+#define VL 8 /* AVX2: 16 registers of 8 floats */
+#define RB 2
 #endif
+#define CB 4 /* vectors of columns per register block */
+
+typedef float vf __attribute__((vector_size(VL * 4)));
 
 static inline float load_bf16(uint16_t x) { return bf16_to_f32(x); }
 static inline float load_f32(float x) { return x; }
@@ -45,48 +46,52 @@ static inline float store_f32(float x) { return x; }
 
 typedef struct {
     float *qf, *acc, *s, *kt, *vf, *m, *l;
-    uint16_t *kp, *vp, *pb; /* the bf16 dot-product path's packed tiles and probabilities */
+    uint16_t *pb; /* the bf16 dot-product path's probabilities */
 } scratch_t;
 
-/* s[r][0:BK] = qf[r] . kt[:, 0:BK] for rows r0..r0+RB-1 (kt is [hd][BK], the tile transposed). */
+/* s[r][0:BK] = qf[r] . kt[:, 0:BK] for rows r0..r0+RB-1 (kt is [hd][BK], the tile transposed), CB vectors of keys
+ * at a time so the accumulators stay in registers. */
 static inline void scores_block(const float *qf, const float *kt, float *s, int64_t hd) {
-    v16 a[RB][NV];
-    for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NV; c++) a[i][c] = (v16){0};
-    for (int64_t d = 0; d < hd; d++) {
-        const v16 *kv = (const v16 *)(kt + d * BK);
-        for (int i = 0; i < RB; i++) {
-            const float qv = qf[i * hd + d];
-            for (int c = 0; c < NV; c++) a[i][c] += qv * kv[c];
+    for (int c0 = 0; c0 < BK / VL; c0 += CB) {
+        vf a[RB][CB];
+        for (int i = 0; i < RB; i++)
+            for (int c = 0; c < CB; c++) a[i][c] = (vf){0};
+        for (int64_t d = 0; d < hd; d++) {
+            const vf *kv = (const vf *)(kt + d * BK) + c0;
+            for (int i = 0; i < RB; i++) {
+                const float qv = qf[i * hd + d];
+                for (int c = 0; c < CB; c++) a[i][c] += qv * kv[c];
+            }
         }
+        for (int i = 0; i < RB; i++)
+            for (int c = 0; c < CB; c++) ((vf *)(s + i * BK))[c0 + c] = a[i][c];
     }
-    for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NV; c++) ((v16 *)(s + i * BK))[c] = a[i][c];
 }
 
-/* acc[r][d0:d0+16*NC] += sum_j p[r][j] * vf[j][d0:d0+16*NC] for rows r0..r0+RB-1 and j < nb. */
-static inline __attribute__((always_inline)) void pv_cols(const float *p, const float *vf, float *acc, int64_t hd,
+/* acc[r][d0:d0+VL*NC] += sum_j p[r][j] * vf[j][d0:d0+VL*NC] for rows r0..r0+RB-1 and j < nb. */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, const float *vt, float *acc, int64_t hd,
                                                           int64_t nb, int64_t d0, const int NC) {
-    v16 a[RB][4];
+    vf a[RB][CB];
     for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NC; c++) a[i][c] = ((const v16 *)(acc + i * hd + d0))[c];
+        for (int c = 0; c < NC; c++) a[i][c] = ((const vf *)(acc + i * hd + d0))[c];
     for (int64_t j = 0; j < nb; j++) {
-        const v16 *vv = (const v16 *)(vf + j * hd + d0);
+        const vf *vv = (const vf *)(vt + j * hd + d0);
         for (int i = 0; i < RB; i++) {
             const float pv = p[i * BK + j];
             for (int c = 0; c < NC; c++) a[i][c] += pv * vv[c];
         }
     }
     for (int i = 0; i < RB; i++)
-        for (int c = 0; c < NC; c++) ((v16 *)(acc + i * hd + d0))[c] = a[i][c];
+        for (int c = 0; c < NC; c++) ((vf *)(acc + i * hd + d0))[c] = a[i][c];
 }
 
-static inline void pv_block(const float *p, const float *vf, float *acc, int64_t hd, int64_t nb) {
+static inline void pv_block(const float *p, const float *vt, float *acc, int64_t hd, int64_t nb) {
     int64_t d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) pv_cols(p, vf, acc, hd, nb, d0, 4);
-    if (hd - d0 == 48) pv_cols(p, vf, acc, hd, nb, d0, 3);
-    else if (hd - d0 == 32) pv_cols(p, vf, acc, hd, nb, d0, 2);
-    else if (hd - d0 == 16) pv_cols(p, vf, acc, hd, nb, d0, 1);
+    for (; d0 + CB * VL <= hd; d0 += CB * VL) pv_cols(p, vt, acc, hd, nb, d0, CB);
+    const int64_t rest = (hd - d0) / VL; /* hd % 16 == 0, so no partial vector */
+    if (rest == 3) pv_cols(p, vt, acc, hd, nb, d0, 3);
+    else if (rest == 2) pv_cols(p, vt, acc, hd, nb, d0, 2);
+    else if (rest == 1) pv_cols(p, vt, acc, hd, nb, d0, 1);
 }
 
 /* One work item: queries q0..q0+nq-1 of a chunk (all rep heads of KV head g). Rows are padded to a multiple of RB
@@ -161,9 +166,26 @@ DEFINE_ITEM(f32, float, load_f32, store_f32)
  * accumulation, half the instructions of the float32 path, as oneDNN's and torch's bf16 GEMMs do; P is rounded
  * to bf16 before P.V (as torch's flash-attention CPU kernel does for bf16). The scale is applied to the float32
  * scores, not to q. Tiles: K as [hd/2][BK][2] and V as [BK/2][hd][2] (pairs along the reduced axis). hd % 64 == 0. */
-static void item_bf16_dp(const uint16_t *q, const uint16_t *kb, const uint16_t *vb, uint16_t *out, int64_t q0,
-                         int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd, float scale,
-                         scratch_t *w) {
+/* Tile t of a (chunk, KV head): keys t*BK .. t*BK+BK-1 of the nkeys the chunk sees, packed (zeros past nkeys). */
+static void pack_tile(const uint16_t *kb, const uint16_t *vb, uint32_t *kp, uint32_t *vp, int64_t t, int64_t nkeys,
+                      int64_t hd) {
+    const int64_t k0 = t * BK, nb = nkeys - k0 < BK ? nkeys - k0 : BK, pairs = hd / 2;
+    for (int64_t j = 0; j < BK; j++) {
+        const uint32_t *kr = (const uint32_t *)(kb + (k0 + j) * hd);
+        for (int64_t p = 0; p < pairs; p++) kp[p * BK + j] = j < nb ? kr[p] : 0u;
+    }
+    for (int64_t jj = 0; jj < BK / 2; jj++) {
+        const uint16_t *v0 = vb + (k0 + 2 * jj) * hd;
+        const int first = 2 * jj < nb, second = 2 * jj + 1 < nb;
+        for (int64_t d = 0; d < hd; d++)
+            vp[jj * hd + d] = (first ? (uint32_t)v0[d] : 0u) | (second ? (uint32_t)v0[hd + d] << 16 : 0u);
+    }
+}
+
+/* One work item over tiles packed once per call (shared by every query block of the chunk and KV head). */
+static void item_bf16_dp(const uint16_t *q, const uint32_t *kp_tiles, const uint32_t *vp_tiles, uint16_t *out,
+                         int64_t q0, int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd,
+                         float scale, scratch_t *w) {
     const int64_t rows = nq * rep, padded = (rows + 3) / 4 * 4, pairs = hd / 2;
     const uint32_t *qrow[BQ * MAX_REP + 4];
     for (int64_t r = 0; r < padded; r++) {
@@ -176,31 +198,21 @@ static void item_bf16_dp(const uint16_t *q, const uint16_t *kb, const uint16_t *
     const int64_t kend = start + q0 + nq;
     for (int64_t k0 = 0; k0 < kend; k0 += BK) {
         const int64_t nb = kend - k0 < BK ? kend - k0 : BK, nb2 = (nb + 1) / 2;
-        uint32_t *kp = (uint32_t *)w->kp, *vp = (uint32_t *)w->vp;
-        for (int64_t j = 0; j < BK; j++) {
-            const uint32_t *kr = (const uint32_t *)(kb + (k0 + j) * hd);
-            for (int64_t p = 0; p < pairs; p++) kp[p * BK + j] = j < nb ? kr[p] : 0u;
-        }
-        for (int64_t jj = 0; jj < nb2; jj++) {
-            const uint16_t *v0 = vb + (k0 + 2 * jj) * hd;
-            const int second = 2 * jj + 1 < nb;
-            for (int64_t d = 0; d < hd; d++)
-                vp[jj * hd + d] = (uint32_t)v0[d] | (second ? (uint32_t)v0[hd + d] << 16 : 0u);
-        }
+        const uint32_t *kp = kp_tiles + (k0 / BK) * BK * pairs, *vp = vp_tiles + (k0 / BK) * BK * pairs;
         for (int64_t r = 0; r < padded; r += 4) {
-            __m512 a[4][NV];
+            __m512 a[4][BK / 16];
             for (int i = 0; i < 4; i++)
-                for (int c = 0; c < NV; c++) a[i][c] = _mm512_setzero_ps();
+                for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_setzero_ps();
             for (int64_t p = 0; p < pairs; p++) {
-                __m512bh kv[NV];
-                for (int c = 0; c < NV; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kp + p * BK + c * 16);
+                __m512bh kv[BK / 16];
+                for (int c = 0; c < BK / 16; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kp + p * BK + c * 16);
                 for (int i = 0; i < 4; i++) {
                     const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qrow[r + i][p]);
-                    for (int c = 0; c < NV; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qv, kv[c]);
+                    for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qv, kv[c]);
                 }
             }
             for (int i = 0; i < 4; i++)
-                for (int c = 0; c < NV; c++) _mm512_storeu_ps(w->s + (r + i) * BK + c * 16, a[i][c]);
+                for (int c = 0; c < BK / 16; c++) _mm512_storeu_ps(w->s + (r + i) * BK + c * 16, a[i][c]);
         }
         for (int64_t r = 0; r < padded; r++) {
             const int64_t rr = r < rows ? r : rows - 1;
@@ -277,12 +289,8 @@ static int run(item_fn item, size_t elem, const void *q, const void *k, const vo
 #pragma omp parallel
     {
         scratch_t w = {alloc_floats(rows * hd), alloc_floats(rows * hd), alloc_floats(rows * BK), alloc_floats(tile),
-                       alloc_floats(tile),      alloc_floats(rows),      alloc_floats(rows),      NULL,
-                       NULL,                    NULL};
-        w.kp = (uint16_t *)alloc_floats(tile / 2 + 16);
-        w.vp = (uint16_t *)alloc_floats(tile / 2 + 16);
-        w.pb = (uint16_t *)alloc_floats(rows * BK / 2 + 16);
-        const int ok = w.qf && w.acc && w.s && w.kt && w.vf && w.m && w.l && w.kp && w.vp && w.pb;
+                       alloc_floats(tile),      alloc_floats(rows),      alloc_floats(rows),      NULL};
+        const int ok = w.qf && w.acc && w.s && w.kt && w.vf && w.m && w.l;
         if (!ok) {
 #pragma omp atomic write
             failed = 3;
@@ -306,19 +314,87 @@ static int run(item_fn item, size_t elem, const void *q, const void *k, const vo
                  ch[1], g, nkv, rep, hd, scale, &w);
         }
         free(w.qf), free(w.acc), free(w.s), free(w.kt), free(w.vf), free(w.m), free(w.l);
-        free(w.kp), free(w.vp), free(w.pb);
     }
     return failed;
 }
 
+#ifdef HAVE_BF16_DP
+/* The bf16 dot-product path: every (chunk, KV head)'s K/V tiles are packed once (phase 1, split over the threads),
+ * then the query blocks run over them (phase 2). Packing per work item instead cost ~25 % of the time. */
+static int run_bf16_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *chunks,
+                       int64_t num_chunks, uint16_t *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd,
+                       int64_t slots, int64_t slot_len, float scale) {
+    if (rep < 1 || rep > MAX_REP) return 1;
+    int64_t items = 0, units = 0;
+    int64_t *tile_base = malloc(sizeof(int64_t) * (size_t)(num_chunks + 1));
+    if (!tile_base) return 3;
+    for (int64_t c = 0; c < num_chunks; c++) {
+        const int64_t *ch = chunks + 4 * c;
+        if (ch[0] < 0 || ch[0] >= slots || ch[1] < 0 || ch[2] < 1 || ch[1] + ch[2] > slot_len || ch[3] < 0 ||
+            ch[3] + ch[2] > tokens) {
+            free(tile_base);
+            return 2;
+        }
+        items += (ch[2] + BQ - 1) / BQ * nkv;
+        tile_base[c] = units;
+        units += (ch[1] + ch[2] + BK - 1) / BK * nkv;
+    }
+    tile_base[num_chunks] = units;
+    const size_t tile = (size_t)BK * (size_t)(hd / 2); /* uint32 pairs per packed tile */
+    uint32_t *kp_all = aligned_alloc(64, units * tile * 4 + 64), *vp_all = aligned_alloc(64, units * tile * 4 + 64);
+    int failed = (kp_all && vp_all) ? 0 : 3;
+    const size_t rows = (size_t)(BQ * rep + 4);
+#pragma omp parallel if (!failed)
+    {
+        scratch_t w = {NULL, alloc_floats(rows * hd), alloc_floats(rows * BK), NULL, NULL, alloc_floats(rows),
+                       alloc_floats(rows), (uint16_t *)alloc_floats(rows * BK / 2 + 16)};
+        const int ok = !failed && w.acc && w.s && w.m && w.l && w.pb;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 3;
+        }
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; u++) {
+            if (!kp_all || !vp_all) continue;
+            int64_t c = 0;
+            while (tile_base[c + 1] <= u) c++;
+            const int64_t *ch = chunks + 4 * c, nkeys = ch[1] + ch[2], tiles = (nkeys + BK - 1) / BK;
+            const int64_t rest = u - tile_base[c], g = rest / tiles, t = rest % tiles;
+            const size_t base = (size_t)((ch[0] * nkv + g) * slot_len * hd);
+            pack_tile(k + base, v + base, kp_all + u * tile, vp_all + u * tile, t, nkeys, hd);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!ok) continue;
+            int64_t rest = it, c = 0;
+            for (; c < num_chunks; c++) {
+                const int64_t n_items = (chunks[4 * c + 2] + BQ - 1) / BQ * nkv;
+                if (rest < n_items) break;
+                rest -= n_items;
+            }
+            const int64_t *ch = chunks + 4 * c, tiles = (ch[1] + ch[2] + BK - 1) / BK;
+            const int64_t blocks = (ch[2] + BQ - 1) / BQ, b = blocks - 1 - rest / nkv, g = rest % nkv;
+            const int64_t q0 = b * BQ, nq = ch[2] - q0 < BQ ? ch[2] - q0 : BQ;
+            const size_t first = (size_t)(tile_base[c] + g * tiles) * tile, row = (size_t)(ch[3] * nkv * rep * hd);
+            item_bf16_dp(q + row, kp_all + first, vp_all + first, out + row, q0, nq, ch[1], g, nkv, rep, hd, scale,
+                         &w);
+        }
+        free(w.acc), free(w.s), free(w.m), free(w.l), free(w.pb);
+    }
+    free(kp_all), free(vp_all), free(tile_base);
+    return failed;
+}
+#endif
+
 int prefill_attention_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *chunks,
                            int64_t num_chunks, uint16_t *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd,
                            int64_t slots, int64_t slot_len, float scale) {
-    item_fn item = (item_fn)item_bf16;
 #ifdef HAVE_BF16_DP
-    if (hd % 64 == 0) item = (item_fn)item_bf16_dp;
+    if (hd % 64 == 0 && hd <= MAX_HD)
+        return run_bf16_dp(q, k, v, chunks, num_chunks, out, tokens, nkv, rep, hd, slots, slot_len, scale);
 #endif
-    return run(item, sizeof(uint16_t), q, k, v, chunks, num_chunks, out, tokens, nkv, rep, hd, slots, slot_len, scale);
+    return run((item_fn)item_bf16, sizeof(uint16_t), q, k, v, chunks, num_chunks, out, tokens, nkv, rep, hd, slots,
+               slot_len, scale);
 }
 
 int prefill_attention_f32(const float *q, const float *k, const float *v, const int64_t *chunks, int64_t num_chunks,
