@@ -81,11 +81,16 @@ class KVCache:
         slot_len: Maximum tokens per sequence (prompt + generated).
         budget_tokens: Sum of reservations allowed across slots (``kv_used_tokens`` limit).
         dtype, device: Storage dtype (the model dtype) and device.
+        retain_tokens: Positions of freed pages kept resident beyond the running requests' reservations
+            (``None``: a quarter of ``budget_tokens``, at most :attr:`RETAIN_TOKENS`); see the module docstring.
 
     Attributes:
         k, v: Lists (one per layer) of ``[num_slots, num_kv_heads, slot_len, head_dim]`` tensors.
         num_active: Active slots are exactly ``0 .. num_active - 1``.
     """
+
+    #: Default cap of :attr:`retain_tokens`.
+    RETAIN_TOKENS = 4096
 
     def __init__(
         self,
@@ -103,8 +108,11 @@ class KVCache:
         self.num_slots = num_slots
         self.slot_len = slot_len
         self.budget_tokens = budget_tokens
-        #: Positions of written pages kept beyond the running requests' reservations (stale until reused).
-        self.retain_tokens = budget_tokens // 4 if retain_tokens is None else max(0, retain_tokens)
+        #: Positions of written pages kept beyond the running requests' reservations (stale until reused): by
+        #: default a quarter of the budget, at most RETAIN_TOKENS (94 MB of bf16 K/V for the default model).
+        if retain_tokens is None:
+            retain_tokens = min(budget_tokens // 4, self.RETAIN_TOKENS)
+        self.retain_tokens = max(0, retain_tokens)
         shape = (num_slots, num_kv_heads, slot_len, head_dim)
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
