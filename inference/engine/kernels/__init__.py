@@ -29,6 +29,7 @@ import sys
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -91,7 +92,17 @@ def _build(sources: tuple[Path, ...], gomp: Path, out_dir: Path) -> Path:
     return target
 
 
-class DecodeAttention:
+class _AttentionKernel:
+    """What the attention kernels share: per-dtype entry points (``_fns``) and the geometry they take."""
+
+    _fns: dict[torch.dtype, Any]
+
+    def supports(self, dtype: torch.dtype, *, head_dim: int, n_rep: int) -> bool:
+        """Whether the kernel takes a model with this dtype, head dimension and query heads per KV head."""
+        return dtype in self._fns and head_dim % 16 == 0 and 0 < head_dim <= 256 and 1 <= n_rep <= 8
+
+
+class DecodeAttention(_AttentionKernel):
     """``decode_attention.c`` bound with ctypes: attention of one query token per decoding sequence.
 
     Call with ``q`` ``[nd, nkv, rep, hd]`` (contiguous), the layer's ``k_cache``/``v_cache``
@@ -108,10 +119,6 @@ class DecodeAttention:
         for fn in self._fns.values():
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-
-    def supports(self, dtype: torch.dtype, *, head_dim: int, n_rep: int) -> bool:
-        """Whether the kernel takes a model with this dtype, head dimension and query heads per KV head."""
-        return dtype in self._fns and head_dim % 16 == 0 and 0 < head_dim <= 256 and 1 <= n_rep <= 8
 
     def __call__(
         self,
@@ -339,7 +346,7 @@ class Elementwise:
         return y
 
 
-class PrefillAttention:
+class PrefillAttention(_AttentionKernel):
     """``prefill_attention.c`` bound with ctypes: causal attention of a step's prefill chunks over the slot KV cache
     (tiled with an online softmax, FlashAttention-2; blocks of keys after a query block are skipped).
 
@@ -363,10 +370,6 @@ class PrefillAttention:
                 + [ctypes.c_int64] * 6
                 + [ctypes.c_float]
             )
-
-    def supports(self, dtype: torch.dtype, *, head_dim: int, n_rep: int) -> bool:
-        """Whether the kernel takes a model with this dtype, head dimension and query heads per KV head."""
-        return dtype in self._fns and head_dim % 16 == 0 and 0 < head_dim <= 256 and 1 <= n_rep <= 8
 
     def __call__(
         self,

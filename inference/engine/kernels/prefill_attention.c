@@ -269,6 +269,36 @@ static void item_bf16_dp(const uint16_t *q, const uint32_t *kp_tiles, const uint
 
 static float *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
+/* Checks every chunk against the cache and q; returns 0 and the number of work items, or 2. */
+static int check_chunks(const int64_t *chunks, int64_t num_chunks, int64_t tokens, int64_t nkv, int64_t slots,
+                        int64_t slot_len, int64_t *items) {
+    *items = 0;
+    for (int64_t c = 0; c < num_chunks; c++) {
+        const int64_t *ch = chunks + 4 * c;
+        if (ch[0] < 0 || ch[0] >= slots || ch[1] < 0 || ch[2] < 1 || ch[1] + ch[2] > slot_len || ch[3] < 0 ||
+            ch[3] + ch[2] > tokens)
+            return 2;
+        *items += (ch[2] + BQ - 1) / BQ * nkv;
+    }
+    return 0;
+}
+
+/* Work item it: its chunk c, KV head g and query block q0..q0+nq-1. Each chunk's last query block comes first, so
+ * the items with the most keys start early. */
+static void locate_item(const int64_t *chunks, int64_t num_chunks, int64_t nkv, int64_t it, int64_t *c, int64_t *g,
+                        int64_t *q0, int64_t *nq) {
+    int64_t rest = it;
+    for (*c = 0; *c < num_chunks; (*c)++) {
+        const int64_t n_items = (chunks[4 * *c + 2] + BQ - 1) / BQ * nkv;
+        if (rest < n_items) break;
+        rest -= n_items;
+    }
+    const int64_t n = chunks[4 * *c + 2], blocks = (n + BQ - 1) / BQ, b = blocks - 1 - rest / nkv;
+    *g = rest % nkv;
+    *q0 = b * BQ;
+    *nq = n - *q0 < BQ ? n - *q0 : BQ;
+}
+
 typedef void (*item_fn)(const void *, const void *, const void *, void *, int64_t, int64_t, int64_t, int64_t,
                         int64_t, int64_t, int64_t, float, scratch_t *);
 
@@ -276,14 +306,8 @@ static int run(item_fn item, size_t elem, const void *q, const void *k, const vo
                int64_t num_chunks, void *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd, int64_t slots,
                int64_t slot_len, float scale) {
     if (hd % 16 != 0 || hd > MAX_HD || rep < 1 || rep > MAX_REP) return 1;
-    int64_t items = 0;
-    for (int64_t c = 0; c < num_chunks; c++) {
-        const int64_t *ch = chunks + 4 * c;
-        if (ch[0] < 0 || ch[0] >= slots || ch[1] < 0 || ch[2] < 1 || ch[1] + ch[2] > slot_len || ch[3] < 0 ||
-            ch[3] + ch[2] > tokens)
-            return 2;
-        items += (ch[2] + BQ - 1) / BQ * nkv;
-    }
+    int64_t items;
+    if (check_chunks(chunks, num_chunks, tokens, nkv, slots, slot_len, &items)) return 2;
     int failed = 0;
     const size_t rows = (size_t)(BQ * rep + RB + 4), tile = (size_t)hd * BK;
 #pragma omp parallel
@@ -295,19 +319,12 @@ static int run(item_fn item, size_t elem, const void *q, const void *k, const vo
 #pragma omp atomic write
             failed = 3;
         }
-        /* Each chunk's last query block first: the items with the most keys start early. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!ok) continue;
-            int64_t rest = it, c = 0;
-            for (; c < num_chunks; c++) {
-                const int64_t n_items = (chunks[4 * c + 2] + BQ - 1) / BQ * nkv;
-                if (rest < n_items) break;
-                rest -= n_items;
-            }
+            int64_t c, g, q0, nq;
+            locate_item(chunks, num_chunks, nkv, it, &c, &g, &q0, &nq);
             const int64_t *ch = chunks + 4 * c;
-            const int64_t blocks = (ch[2] + BQ - 1) / BQ, b = blocks - 1 - rest / nkv, g = rest % nkv;
-            const int64_t q0 = b * BQ, nq = ch[2] - q0 < BQ ? ch[2] - q0 : BQ;
             const size_t base = (size_t)((ch[0] * nkv + g) * slot_len * hd) * elem;
             const size_t row = (size_t)(ch[3] * nkv * rep * hd) * elem;
             item((const char *)q + row, (const char *)k + base, (const char *)v + base, (char *)out + row, q0, nq,
@@ -325,19 +342,13 @@ static int run_bf16_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, 
                        int64_t num_chunks, uint16_t *out, int64_t tokens, int64_t nkv, int64_t rep, int64_t hd,
                        int64_t slots, int64_t slot_len, float scale) {
     if (rep < 1 || rep > MAX_REP) return 1;
-    int64_t items = 0, units = 0;
+    int64_t items, units = 0;
+    if (check_chunks(chunks, num_chunks, tokens, nkv, slots, slot_len, &items)) return 2;
     int64_t *tile_base = malloc(sizeof(int64_t) * (size_t)(num_chunks + 1));
     if (!tile_base) return 3;
     for (int64_t c = 0; c < num_chunks; c++) {
-        const int64_t *ch = chunks + 4 * c;
-        if (ch[0] < 0 || ch[0] >= slots || ch[1] < 0 || ch[2] < 1 || ch[1] + ch[2] > slot_len || ch[3] < 0 ||
-            ch[3] + ch[2] > tokens) {
-            free(tile_base);
-            return 2;
-        }
-        items += (ch[2] + BQ - 1) / BQ * nkv;
         tile_base[c] = units;
-        units += (ch[1] + ch[2] + BK - 1) / BK * nkv;
+        units += (chunks[4 * c + 1] + chunks[4 * c + 2] + BK - 1) / BK * nkv;
     }
     tile_base[num_chunks] = units;
     const size_t tile = (size_t)BK * (size_t)(hd / 2); /* uint32 pairs per packed tile */
@@ -366,15 +377,9 @@ static int run_bf16_dp(const uint16_t *q, const uint16_t *k, const uint16_t *v, 
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (!ok) continue;
-            int64_t rest = it, c = 0;
-            for (; c < num_chunks; c++) {
-                const int64_t n_items = (chunks[4 * c + 2] + BQ - 1) / BQ * nkv;
-                if (rest < n_items) break;
-                rest -= n_items;
-            }
+            int64_t c, g, q0, nq;
+            locate_item(chunks, num_chunks, nkv, it, &c, &g, &q0, &nq);
             const int64_t *ch = chunks + 4 * c, tiles = (ch[1] + ch[2] + BK - 1) / BK;
-            const int64_t blocks = (ch[2] + BQ - 1) / BQ, b = blocks - 1 - rest / nkv, g = rest % nkv;
-            const int64_t q0 = b * BQ, nq = ch[2] - q0 < BQ ? ch[2] - q0 : BQ;
             const size_t first = (size_t)(tile_base[c] + g * tiles) * tile, row = (size_t)(ch[3] * nkv * rep * hd);
             item_bf16_dp(q + row, kp_all + first, vp_all + first, out + row, q0, nq, ch[1], g, nkv, rep, hd, scale,
                          &w);
