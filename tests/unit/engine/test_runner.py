@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from inference.engine.kv_cache import KVCache
@@ -73,3 +74,28 @@ def test_prefill_logits_match_hf_forward(tiny_loaded):
     got = torch.cat(got)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_packed_linear_pads_large_row_counts_to_a_bucket(monkeypatch):
+    # oneDNN keeps a primitive per row count: above ROW_BUCKET rows the packed path only ever sees multiples of it,
+    # and the padding rows never reach the caller.
+    from inference.engine import runner
+
+    weight, bias = torch.randn(64, 32), torch.randn(64)
+    linear = runner._Linear(weight, bias, pack=True)
+    if linear.packed is None:
+        pytest.skip("oneDNN weight packing is not available in this torch build")
+    seen: list[int] = []
+    real = runner._onednn_linear
+
+    def spy(x, packed, b):
+        seen.append(x.shape[0])
+        return real(x, packed, b)
+
+    monkeypatch.setattr(runner, "_onednn_linear", spy)
+    for m in (1, 7, 32, 33, 45, 64, 65, 200):
+        x = torch.randn(m, 32)
+        y = linear(x)
+        assert y.shape == (m, 64)
+        torch.testing.assert_close(y, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    assert seen == [1, 7, 32, 64, 64, 64, 96, 224]
