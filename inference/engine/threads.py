@@ -183,7 +183,7 @@ class AdaptiveThreads:
           (round 5: a 128-token prefill at 1 thread instead of 2, 0.55 s against 0.35 s).
         """
         other = self._monitor.sample()
-        window = getattr(self._monitor, "last_window_s", self.interval_s)
+        window = self._monitor.last_window_s
         if (other is None or window < self.MIN_WINDOW_S) and self._idle_other is not None:
             other = self._idle_other
         self._idle_other = None
