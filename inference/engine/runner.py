@@ -12,13 +12,16 @@ parameters are re-pointed at views of our fused matrices) and runs the same math
   pre-packed once for oneDNN (:class:`_Linear`), which is what makes small-batch decode fast;
 * RMSNorm in float32 then cast back (``LlamaRMSNorm``), RoPE with HF's ``rotate_half``
   convention and cos/sin tables computed exactly like ``LlamaRotaryEmbedding``;
-* K/V of every token are ``index_copy_``-ed into the slot cache (:mod:`.kv_cache`);
+* K/V of every token are written into the slot cache (:mod:`.kv_cache`): on CPU in the same pass as RoPE by the
+  native ``rope_cache`` kernel, otherwise with ``index_copy_``;
 * decode attention: on CPU the native kernel (:mod:`.kernels`, one work item per sequence and KV
   head over exactly its cached positions, 2-7x faster than SDPA here); otherwise one SDPA call for all
   decoding rows over ``cache[:n, :, :max_len]`` with a length mask. GQA without expanding K/V by
   folding the ``n_rep`` query heads of a KV head into the query-length axis;
-* prefill chunks: one SDPA per chunk against the slot's cached prefix + the chunk, with a causal
-  mask offset by the prefix length (chunked prefill, Sarathi / vLLM).
+* prefill chunks attend to the slot's cached prefix + the chunk, causally (chunked prefill, Sarathi / vLLM): on CPU
+  all chunks of a step in one call of the native tiled kernel (``prefill_attention``, FlashAttention-2 style, key
+  tiles past a query block skipped); otherwise one SDPA per chunk with a causal mask offset by the prefix length;
+* oneDNN matmuls of more than ``ROW_BUCKET`` rows are padded to a multiple of it (bounded primitive cache).
 
 In float32 the greedy tokens match ``model.generate(do_sample=False)`` token for token (tests
 check it); remaining differences are float rounding from different matmul shapes.
@@ -215,10 +218,10 @@ class ModelRunner:
             q_proj`` ... ``mlp.down_proj``, ``model.model.norm``, ``lm_head``), in eval mode.
         kv: The KV cache the runner writes into and attends over.
         max_positions: Size of the RoPE tables (the context length).
-        native_kernels: Use the native CPU kernels when they can be built (:mod:`.kernels`: decode
-            attention, the projections of small decode steps (GGUF blocks up to 8 rows, float weights for one
-            row), RMSNorm and SiLU-and-multiply); ``False`` keeps torch's SDPA, oneDNN and element-wise ops
-            everywhere.
+        native_kernels: Use the native CPU kernels when they can be built (:mod:`.kernels`: decode and prefill
+            attention, RoPE with the K/V cache writes, the projections of small decode steps (GGUF blocks up to 8
+            rows, float weights for one row), RMSNorm and SiLU-and-multiply); ``False`` keeps torch's SDPA,
+            oneDNN and element-wise ops everywhere.
         release_weights: Free the float weights the ``transformers`` model holds wherever the runner has
             other forms of them: a projection with both a oneDNN-packed copy and GGUF blocks, and the
             embedding when it is recovered as blocks too (looked up from them, bit for bit the same rows).
