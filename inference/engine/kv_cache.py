@@ -183,7 +183,7 @@ class KVCache:
         self._reserved[last] = 0
         self.num_active -= 1
         owner.slot = -1
-        if sum(self._high_water) > self.used_tokens + self.retain_tokens:
+        if self.stale_tokens > self.retain_tokens:
             self.discard_stale()
 
     @property

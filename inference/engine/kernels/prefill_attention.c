@@ -94,6 +94,34 @@ static inline void pv_block(const float *p, const float *vt, float *acc, int64_t
     else if (rest == 1) pv_cols(p, vt, acc, hd, nb, d0, 1);
 }
 
+/* One row's online-softmax step over a tile (FlashAttention-2): the row's query sees the tile's first
+ * min(last + 1, nb) keys (last: its position minus the tile's first; negative: none). sr (BK scores) becomes the
+ * unnormalised probabilities exp(scale * (s - max)), zero past the visible keys; the running max *m and sum *l
+ * and the row's accumulator acc (hd floats) are rescaled to the new max. Returns the visible key count (<= 0: the
+ * tile is wholly after the query, sr all zero, nothing else changed). */
+static inline int64_t softmax_row(float *sr, int64_t last, int64_t nb, float scale, float *m, float *l, float *acc,
+                                  int64_t hd) {
+    const int64_t nv = last + 1 < nb ? last + 1 : nb;
+    if (nv <= 0) {
+        memset(sr, 0, sizeof(float) * BK);
+        return nv;
+    }
+    float mx = *m;
+    for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;
+    const float corr = expf((*m - mx) * scale);
+    float sum = 0.f;
+    for (int64_t j = 0; j < nv; j++) {
+        sr[j] = expf((sr[j] - mx) * scale);
+        sum += sr[j];
+    }
+    for (int64_t j = nv; j < BK; j++) sr[j] = 0.f;
+    *l = *l * corr + sum;
+    *m = mx;
+    if (corr != 1.f)
+        for (int64_t d = 0; d < hd; d++) acc[d] *= corr;
+    return nv;
+}
+
 /* One work item: queries q0..q0+nq-1 of a chunk (all rep heads of KV head g). Rows are padded to a multiple of RB
  * with copies of the last row (their results are dropped). */
 #define DEFINE_ITEM(SUFFIX, T, LOAD, STORE)                                                                  \
@@ -122,28 +150,10 @@ static inline void pv_block(const float *p, const float *vt, float *acc, int64_t
             for (int64_t j = nb; j < BK; j++)                                                                 \
                 for (int64_t d = 0; d < hd; d++) w->kt[d * BK + j] = 0.f;                                     \
             for (int64_t r = 0; r < padded; r += RB) scores_block(w->qf + r * hd, w->kt, w->s + r * BK, hd);  \
-            for (int64_t r = 0; r < padded; r++) {                                                            \
+            for (int64_t r = 0; r < padded; r++) { /* q is pre-scaled: the softmax's scale is 1 */           \
                 const int64_t rr = r < rows ? r : rows - 1;                                                   \
-                const int64_t last = start + q0 + rr / rep - k0; /* last visible key in this tile */          \
-                const int64_t nv = last + 1 < nb ? last + 1 : nb;                                             \
-                float *sr = w->s + r * BK;                                                                    \
-                if (nv <= 0) { /* the whole tile is after this query: no contribution */                      \
-                    for (int64_t j = 0; j < BK; j++) sr[j] = 0.f;                                             \
-                    continue;                                                                                 \
-                }                                                                                             \
-                float mx = w->m[r];                                                                           \
-                for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;                                \
-                const float corr = expf(w->m[r] - mx);                                                        \
-                float sum = 0.f;                                                                              \
-                for (int64_t j = 0; j < nv; j++) {                                                            \
-                    sr[j] = expf(sr[j] - mx);                                                                 \
-                    sum += sr[j];                                                                             \
-                }                                                                                             \
-                for (int64_t j = nv; j < BK; j++) sr[j] = 0.f;                                                \
-                w->l[r] = w->l[r] * corr + sum;                                                               \
-                w->m[r] = mx;                                                                                 \
-                if (corr != 1.f)                                                                              \
-                    for (int64_t d = 0; d < hd; d++) w->acc[r * hd + d] *= corr;                              \
+                softmax_row(w->s + r * BK, start + q0 + rr / rep - k0, nb, 1.f, w->m + r, w->l + r,           \
+                            w->acc + r * hd, hd);                                                             \
             }                                                                                                 \
             for (int64_t r = 0; r < padded; r += RB) pv_block(w->s + r * BK, w->vf, w->acc + r * hd, hd, nb); \
         }                                                                                                     \
@@ -216,28 +226,12 @@ static void item_bf16_dp(const uint16_t *q, const uint32_t *kp_tiles, const uint
         }
         for (int64_t r = 0; r < padded; r++) {
             const int64_t rr = r < rows ? r : rows - 1;
-            const int64_t last = start + q0 + rr / rep - k0;
-            const int64_t nv = last + 1 < nb ? last + 1 : nb;
             float *sr = w->s + r * BK;
             uint16_t *pr = w->pb + r * BK;
-            if (nv <= 0) {
-                memset(pr, 0, sizeof(uint16_t) * BK);
-                continue;
-            }
-            float mx = w->m[r];
-            for (int64_t j = 0; j < nv; j++) mx = sr[j] > mx ? sr[j] : mx;
-            const float corr = expf((w->m[r] - mx) * scale);
-            float sum = 0.f;
-            for (int64_t j = 0; j < nv; j++) {
-                sr[j] = expf((sr[j] - mx) * scale);
-                sum += sr[j];
-            }
+            const int64_t nv = softmax_row(sr, start + q0 + rr / rep - k0, nb, scale, w->m + r, w->l + r,
+                                           w->acc + r * hd, hd);
             for (int64_t j = 0; j < nv; j++) pr[j] = f32_to_bf16(sr[j]);
-            for (int64_t j = nv; j < BK; j++) pr[j] = 0;
-            w->l[r] = w->l[r] * corr + sum;
-            w->m[r] = mx;
-            if (corr != 1.f)
-                for (int64_t d = 0; d < hd; d++) w->acc[r * hd + d] *= corr;
+            for (int64_t j = nv > 0 ? nv : 0; j < BK; j++) pr[j] = 0;
         }
         for (int64_t r = 0; r < padded; r += 4) {
             const uint32_t *pr = (const uint32_t *)(w->pb + r * BK);
