@@ -10,7 +10,9 @@ float32 value bit for bit (the arithmetic of gguf-py's ``dequantize_blocks``), s
 ~8.5 bits (Q8_0) per weight instead of 32. Formats: ggml's ``block_q4_1`` and ``block_q8_0`` (llama.cpp).
 
 Nothing here needs the GGUF file or tensor names, so it applies to any model prepared from such a file, and
-to none other: weights that are not exactly block-quantized (a bf16 model, a trained checkpoint) give ``None``.
+to none other: weights that are not exactly block-quantized (a trained checkpoint) give ``None``. A model run in
+bf16 has rounded values; its loader recovers the blocks from the prepared float32 checkpoint instead
+(:func:`inference.engine.loader.checkpoint_blocks`).
 """
 
 from __future__ import annotations
@@ -110,11 +112,18 @@ def recover(weight: torch.Tensor) -> BlockWeight | None:
                 break
             parts.append(part)
         else:
-            return _concat(parts)
+            return concat(parts)
     return None
 
 
-def _concat(parts: list[BlockWeight]) -> BlockWeight:
+def concat(parts: list[BlockWeight]) -> BlockWeight:
+    """The weights ``parts`` stacked along the output rows (a fused QKV or gate/up projection), one kind.
+
+    Raises:
+        ValueError: no parts, parts of different kinds, or of different input widths.
+    """
+    if not parts or len({p.kind for p in parts}) != 1 or len({p.d.shape[1] for p in parts}) != 1:
+        raise ValueError("concat: needs one or more block weights of one kind and input width")
     if len(parts) == 1:
         return parts[0]
     mn = torch.cat([p.mn for p in parts]) if parts[0].mn is not None else None

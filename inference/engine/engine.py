@@ -171,9 +171,11 @@ class LLMEngine:
             max_positions=self.context_length,
             native_kernels=self.config.native_kernels,
             release_weights=owns_model,
+            block_weights=loaded.block_weights,
         )
         if owns_model:
             loaded.weights_released = True
+            loaded.block_weights = {}  # the runner holds the ones it reads (fused ones as copies)
         trim_heap()
         self.vocab_size = self._runner.vocab_size
         self.prefix_cache = PrefixCache(

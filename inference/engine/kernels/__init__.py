@@ -51,7 +51,19 @@ _SOURCES = tuple(
 )
 # -ffast-math at compile time only (vectorised expf from glibc's libmvec, reassociated sums); the link step
 # does not get it, so no crtfastmath constructor changes the process's denormal handling.
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=gnu11"]
+# -mprefer-vector-width=512: GCC's tuning for most Intel AVX-512 CPUs (and for any CPU it does not know, which
+# -march=native then tunes as the nearest older model) auto-vectorises with 256-bit registers even where 512-bit
+# ones exist; on a 2-vCPU Xeon with AMX (tuned as rocketlake) that made silu_mul 0.49 ms instead of 0.28 for
+# 512x1536 bf16. Without AVX-512 the flag changes nothing.
+_CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fopenmp",
+    "-ffast-math",
+    "-fPIC",
+    "-std=gnu11",
+]
 
 
 def kernel_dir() -> Path:

@@ -46,7 +46,58 @@ static inline float min_terms(const float *mn, const float *xsum_row, int64_t nb
     return s;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* 16 integers (bytes) as 16 floats in one register: a block of 32 weights is two registers, half the
+ * instructions of the AVX2 path below (a 2-vCPU Xeon, bf16 model's projections, one row: ~2x faster). */
+static inline __m512 u8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+static inline __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+
+/* acc[i] += d * (x_i . w) over one block whose 32 weights (as integers) are w0 (0..15) and w1 (16..31). */
+#define BLOCK_FMA(M, w0, w1)                                                                                   \
+    for (int64_t i = 0; i < (M); i++) {                                                                        \
+        const float *xb = xf + i * k + b * QK;                                                                 \
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(xb), w0);                                                     \
+        t = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), w1, t);                                                  \
+        acc[i] = _mm512_fmadd_ps(db, t, acc[i]);                                                               \
+    }
+
+static inline __attribute__((always_inline)) void q4_1_col(const float *xf, const float *xsum, const uint8_t *q,
+                                                           const float *d, const float *mn, int64_t M,
+                                                           int64_t k, float *sums) {
+    const int64_t nb = k / QK;
+    const __m128i low = _mm_set1_epi8(15);
+    __m512 acc[MAX_M];
+    for (int64_t i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(q + b * 16));
+        const __m512 w0 = u8x16_to_ps(_mm_and_si128(raw, low));
+        const __m512 w1 = u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+        const __m512 db = _mm512_set1_ps(d[b]);
+        BLOCK_FMA(M, w0, w1)
+    }
+    for (int64_t i = 0; i < M; i++) sums[i] = _mm512_reduce_add_ps(acc[i]) + min_terms(mn, xsum + i * nb, nb);
+}
+
+static inline __attribute__((always_inline)) void q8_0_col(const float *xf, const float *xsum, const int8_t *q,
+                                                           const float *d, const float *mn, int64_t M,
+                                                           int64_t k, float *sums) {
+    (void)xsum;
+    (void)mn;
+    const int64_t nb = k / QK;
+    __m512 acc[MAX_M];
+    for (int64_t i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 w0 = i8x16_to_ps(_mm_loadu_si128((const __m128i *)(q + b * QK)));
+        const __m512 w1 = i8x16_to_ps(_mm_loadu_si128((const __m128i *)(q + b * QK + 16)));
+        const __m512 db = _mm512_set1_ps(d[b]);
+        BLOCK_FMA(M, w0, w1)
+    }
+    for (int64_t i = 0; i < M; i++) sums[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 static inline float hsum8(__m256 v) {

@@ -5,15 +5,19 @@ weights, and the engine uses it without changing its greedy output.
 gguf-py's own quantize/dequantize (the package the loader converts GGUF files with) is the independent oracle.
 """
 
+import copy
 import shutil
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from inference.engine import EngineConfig, LLMEngine
 from inference.engine.block_quant import BlockWeight, dequantize, recover
 from inference.engine.kernels import linear_blocks
+from inference.engine.loader import checkpoint_blocks
 from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens
 
 needs_gcc = pytest.mark.skipif(
@@ -122,3 +126,54 @@ def test_engine_reads_the_blocks_and_its_greedy_output_does_not_change(make_engi
 def test_a_model_without_block_weights_keeps_the_float_kernels(make_engine):
     engine = make_engine(native_kernels=True)
     assert engine._runner.lm_head.blocks is None and engine._runner.lm_head.rows is not None
+
+
+def test_checkpoint_blocks_recovers_a_prepared_checkpoints_block_weights_and_nothing_else(
+    gguf_tiny_loaded, tmp_path
+):
+    gguf_tiny_loaded.model.save_pretrained(tmp_path)
+    blocks = checkpoint_blocks(tmp_path)
+    params = dict(gguf_tiny_loaded.model.named_parameters())
+    matrices = {name for name, p in params.items() if p.dim() == 2}
+    assert set(blocks) == matrices  # every projection and the embedding; no norm weight
+    for name, block in blocks.items():
+        assert block.kind == ("q8_0" if "embed" in name or "lm_head" in name else "q4_1")
+        assert torch.equal(dequantize(block), params[name].detach())
+    assert checkpoint_blocks(tmp_path / "missing") == {}
+
+
+@needs_gcc
+def test_a_bf16_engine_reads_the_checkpoints_blocks_for_one_row_steps_only(gguf_tiny_loaded, tmp_path):
+
+    gguf_tiny_loaded.model.save_pretrained(tmp_path)
+    exact = {name: p.detach().clone() for name, p in gguf_tiny_loaded.model.named_parameters()}
+    model = copy.deepcopy(gguf_tiny_loaded.model).to(torch.bfloat16)
+    loaded = replace(
+        gguf_tiny_loaded, model=model, dtype=torch.bfloat16, block_weights=checkpoint_blocks(tmp_path)
+    )
+    engine = LLMEngine(
+        loaded, EngineConfig(device="cpu", max_num_seqs=4, max_num_batched_tokens=64), owns_model=True
+    )
+    try:
+        runner = engine._runner
+        assert loaded.block_weights == {}  # handed to the runner, not held twice
+        qkv, head = runner.layers[0].qkv, runner.lm_head
+        assert qkv.blocks is not None and qkv.block_rows == 1 and head.block_weight.kind == "q8_0"
+        # Blocks stacked in the fused order q, k, v: one row reads the exact float32 weights, not their bf16 rounding.
+        want_qkv = torch.cat([exact[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+        assert torch.equal(dequantize(qkv.block_weight), want_qkv)
+        x = torch.randn(2, want_qkv.shape[1]).to(torch.bfloat16)
+        calls = []
+        real = qkv.blocks
+        qkv.blocks = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+        one = qkv(x[:1]).float()
+        two = qkv(x).float()
+        assert calls == [1]  # two rows went to oneDNN's packed bf16 copy
+        want = F.linear(x.float(), want_qkv)
+        assert torch.allclose(one, want[:1], rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+        assert torch.allclose(two, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+        # The embedding is looked up from the blocks, in the model's dtype.
+        assert runner.embed is None and runner.embed_blocks is not None
+        assert [len(tokens) for tokens in greedy_tokens(engine, [[5, 9, 11, 40]], [6])] == [6]
+    finally:
+        engine.shutdown(timeout=10)

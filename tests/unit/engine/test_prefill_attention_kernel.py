@@ -75,3 +75,40 @@ def test_engine_greedy_output_is_the_same_with_the_kernel_and_with_sdpa(make_eng
             engine._runner.prefill_kernel = None
         outputs[native] = greedy_tokens(engine, prompts, lengths)
     assert outputs[True] == outputs[False]
+
+
+def test_long_chunks_can_go_to_sdpa_with_grouped_heads_and_the_output_does_not_change(make_engine):
+    # What an AMX CPU does (runner.AMX_SDPA_MIN_TOKENS), forced on here: chunks of 16+ tokens through SDPA with
+    # enable_gqa, shorter ones through the kernel, in one step; the same greedy tokens as the kernel alone.
+    from inference.engine.runner import StepBatch
+
+    prompts = [[5 + i, 9, 11 + 2 * i, 40] * (1 + 5 * i) for i in range(4)]  # 4 to 64 tokens
+    lengths = [8, 12, 6, 10]
+    outputs = {}
+    for split in (False, True):
+        engine = make_engine(max_num_batched_tokens=40)
+        runner = engine._runner
+        if split:
+            runner.sdpa_prefill_from = 16
+            batch = StepBatch(num_decode=2, prefills=[(0, 0, 4), (1, 0, 20), (2, 8, 3), (3, 16, 2)])
+            plan = runner._prefill_plan(batch)
+            assert [segment[0] for segment in plan] == ["kernel", "gqa", "kernel"]
+            assert plan[0][1].tolist() == [[0, 0, 4, 2]] and plan[1][1:5] == (1, 0, 20, 6)
+            assert plan[2][1].tolist() == [[2, 8, 3, 26], [3, 16, 2, 29]]
+        outputs[split] = greedy_tokens(engine, prompts, lengths)
+    assert outputs[True] == outputs[False]
+
+
+def test_sdpa_with_grouped_heads_matches_the_reference_after_a_cached_prefix(make_engine):
+    engine = make_engine()
+    runner = engine._runner
+    nkv, rep, hd = runner.num_kv_heads, runner.n_rep, runner.head_dim
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(2, nkv, 64, hd, generator=gen)
+    v_cache = torch.randn(2, nkv, 64, hd, generator=gen)
+    q = torch.randn(30, nkv * rep, hd, generator=gen)
+    for start, n in ((0, 30), (17, 13)):
+        mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
+        got = runner._prefill_attention_gqa(q, k_cache, v_cache, 1, start, n, 0, mask)
+        want = _reference(q, k_cache, v_cache, torch.tensor([(1, start, n, 0)]), rep)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
