@@ -176,7 +176,8 @@ MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "mo
 INFERENCE_DEVICE = env("INFERENCE_DEVICE", default="auto")
 INFERENCE_NUM_THREADS = env.int("INFERENCE_NUM_THREADS", default=0) or None
 INFERENCE_MAX_NUM_SEQS = env.int("INFERENCE_MAX_NUM_SEQS", default=32)
-INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=512)
+# 0 = the engine's default for its device (inference.engine.config.default_step_budget: 512, 2048 on AMX CPUs)
+INFERENCE_MAX_BATCHED_TOKENS = env.int("INFERENCE_MAX_BATCHED_TOKENS", default=0) or None
 INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 # Engine round 2 (issue 9): adaptive CPU threads under contention, priority ageing (0 = strict priority) and
 # the prefix cache (0 = off).

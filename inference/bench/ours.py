@@ -34,7 +34,7 @@ class OursSystem(System):
 
         config = EngineConfig(
             max_num_seqs=int(opts.get("max_seqs", 32)),
-            max_num_batched_tokens=int(opts.get("max_batch_tokens", 512)),
+            max_num_batched_tokens=int(opts["max_batch_tokens"]) if "max_batch_tokens" in opts else None,
             kv_cache_tokens=opts.get("kv_cache_tokens"),
             max_waiting=int(opts.get("max_waiting", 256)),
             device="cpu",

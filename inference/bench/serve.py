@@ -112,7 +112,7 @@ class OursBackend:
         model_dir: str,
         threads: int | None,
         max_seqs: int,
-        max_batch_tokens: int,
+        max_batch_tokens: int | None,
         dtype: str,
         adaptive_threads: bool = True,
         native_kernels: bool = True,
@@ -189,7 +189,7 @@ class VllmBackend:
     process; requests are added at their arrival times and outputs come back as deltas."""
 
     def __init__(
-        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int, dtype: str
+        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int | None, dtype: str
     ) -> None:
         from vllm import EngineArgs, LLMEngine
 
@@ -260,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="prepared model directory (config.json + safetensors)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--max-seqs", type=int, default=32)
-    p.add_argument("--max-batch-tokens", type=int, default=512)
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="ours: per-step token budget (default: the engine's for this CPU)",
+    )
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument(
         "--fixed-threads", action="store_true", help="ours: keep --threads (no adaptation to contention)"

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from .config import EngineConfig, ModelSpec
+from .config import EngineConfig, ModelSpec, default_step_budget
 from .detokenizer import OutputProcessor, make_decode_fn
 from .errors import EngineError, EngineStopped, InvalidRequest, QueueFull
 from .kv_cache import KVCache
-from .loader import LoadedModel, load_model, resolve_device
+from .loader import LoadedModel, cpu_has_amx, load_model, resolve_device
 from .memory import trim_heap
 from .prefix_cache import PrefixCache
 from .request import (
@@ -181,9 +181,14 @@ class LLMEngine:
         self.prefix_cache = PrefixCache(
             self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens
         )
+        #: The per-step token budget in use (``EngineConfig.max_num_batched_tokens`` or the device's default).
+        self.max_num_batched_tokens = self.config.max_num_batched_tokens or max(
+            default_step_budget(loaded.device.type, loaded.dtype == torch.bfloat16, cpu_has_amx()),
+            self.config.max_num_seqs,
+        )
         self._scheduler = Scheduler(
             self.kv,
-            self.config.max_num_batched_tokens,
+            self.max_num_batched_tokens,
             self.prefix_cache if self.prefix_cache.enabled else None,
         )
         self._decode = make_decode_fn(loaded.tokenizer)

@@ -239,14 +239,18 @@ class ModelRunner:
         max_positions: Size of the RoPE tables (the context length).
         native_kernels: Use the native CPU kernels when they can be built (:mod:`.kernels`: decode and prefill
             attention, RoPE with the K/V cache writes, the projections of small decode steps (GGUF blocks up to 8
-            rows, float weights for one row), RMSNorm and SiLU-and-multiply); ``False`` keeps torch's SDPA,
-            oneDNN and element-wise ops everywhere.
+            rows in float32 and for one row in bf16, float weights for one row), RMSNorm and SiLU-and-multiply);
+            ``False`` keeps torch's SDPA, oneDNN and element-wise ops everywhere. On a CPU with AMX, bf16 prefill
+            chunks of ``AMX_SDPA_MIN_TOKENS`` or more still attend through SDPA.
         release_weights: Free the float weights the ``transformers`` model holds wherever the runner has
             other forms of them: a projection with both a oneDNN-packed copy and GGUF blocks, and the
             embedding when it is recovered as blocks too (looked up from them, bit for bit the same rows).
             Done layer by layer while packing, so the float32 model and its packed copy never sit in memory
             whole at once. Afterwards ``model`` can no longer run on its own (its emptied modules raise
             on use). Only for an engine that owns its model.
+        block_weights: GGUF blocks by parameter name (``LoadedModel.block_weights``, from the float32 checkpoint of
+            a model run in bf16); fused projections stack their parts' blocks. Without them a projection's blocks
+            are recovered from its own weight, which only a float32 weight can give.
 
     Raises:
         EngineError: unsupported architecture features (activation other than SiLU, dynamic

@@ -94,3 +94,21 @@ def test_bfloat16_runs_in_float32_on_a_cpu_without_native_bf16(monkeypatch):
     assert compute_dtype("float32", cpu) == torch.float32
     monkeypatch.setattr(loader_module, "cpu_has_native_bf16", lambda: True)
     assert compute_dtype("bfloat16", cpu) == torch.bfloat16
+
+
+def test_the_step_budget_defaults_to_the_devices_and_an_explicit_one_wins(make_engine, monkeypatch):
+    from inference.engine import engine as engine_module
+    from inference.engine.config import AMX_STEP_BUDGET, DEFAULT_STEP_BUDGET, default_step_budget
+
+    assert default_step_budget("cpu", bf16=True, amx=True) == AMX_STEP_BUDGET == 2048
+    assert default_step_budget("cpu", bf16=False, amx=True) == DEFAULT_STEP_BUDGET == 512  # float32 model
+    assert default_step_budget("cpu", bf16=True, amx=False) == DEFAULT_STEP_BUDGET
+    assert default_step_budget("cuda", bf16=True, amx=True) == DEFAULT_STEP_BUDGET
+    monkeypatch.setattr(engine_module, "cpu_has_amx", lambda: True)
+    engine = make_engine(max_num_batched_tokens=None)  # the tiny model is float32
+    assert engine.max_num_batched_tokens == DEFAULT_STEP_BUDGET == engine._scheduler.max_num_batched_tokens
+    engine = make_engine(max_num_batched_tokens=None, max_num_seqs=600, kv_cache_tokens=1200)
+    assert engine.max_num_batched_tokens == 600  # never below one decode token per running sequence
+    assert make_engine(max_num_batched_tokens=40).max_num_batched_tokens == 40
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        EngineConfig(max_num_batched_tokens=0)
