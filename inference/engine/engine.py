@@ -39,7 +39,7 @@ from .detokenizer import OutputProcessor, make_decode_fn
 from .errors import EngineError, EngineStopped, InvalidRequest, QueueFull
 from .kv_cache import KVCache
 from .loader import LoadedModel, cpu_has_amx, load_model, resolve_device
-from .memory import trim_heap
+from .memory import keep_freed_heap, trim_heap
 from .prefix_cache import PrefixCache
 from .request import (
     FinishEvent,
@@ -177,6 +177,8 @@ class LLMEngine:
             loaded.weights_released = True
             loaded.block_weights = {}  # the runner holds the ones it reads (fused ones as copies)
         trim_heap()
+        if loaded.device.type == "cpu":
+            keep_freed_heap()  # steps reuse the memory the previous one freed (no page faults per layer)
         self.vocab_size = self._runner.vocab_size
         self.prefix_cache = PrefixCache(
             self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens

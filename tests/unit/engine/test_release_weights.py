@@ -200,3 +200,38 @@ def test_an_owning_engine_evicts_every_loaded_projection_and_lets_go_of_the_chec
         assert [len(t) for t in greedy_tokens(engine, PROMPTS[:2], [3, 3])] == [3, 3]
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.parametrize("keep", [False, True])
+def test_freed_step_memory_stays_for_the_next_step_once_the_engine_fixes_the_heap_thresholds(keep):
+    # A fresh interpreter, as glibc's thresholds are process-wide and other tests' engines have set them here.
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "from inference.engine.memory import keep_freed_heap\n"
+        "if sys.argv[1] == 'keep': assert keep_freed_heap()\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+        "x = torch.ones(20 << 18)\n"  # 20 MB: one projection's output in a 2048-token step
+        "before = rss(); del x; print((before - rss()) >> 20)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "keep" if keep else "default"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    returned_mb = int(done.stdout.split()[-1])
+    # glibc's default hands a freed 20 MB block straight back (the next step faults it in again, zeroed).
+    assert returned_mb == 0 if keep else returned_mb >= 19
+
+
+def test_an_engine_on_cpu_fixes_the_heap_thresholds(make_engine, monkeypatch):
+    from inference.engine import engine as engine_module
+
+    calls = []
+    monkeypatch.setattr(engine_module, "keep_freed_heap", lambda: calls.append(1) or True)
+    make_engine()
+    assert calls == [1]
