@@ -90,11 +90,15 @@ def test_long_chunks_can_go_to_sdpa_with_grouped_heads_and_the_output_does_not_c
         runner = engine._runner
         if split:
             runner.sdpa_prefill_from = 16
-            batch = StepBatch(num_decode=2, prefills=[(0, 0, 4), (1, 0, 20), (2, 8, 3), (3, 16, 2)])
+            batch = StepBatch(
+                num_decode=2, prefills=[(0, 0, 4), (1, 0, 20), (5, 0, 20), (2, 8, 3), (3, 16, 2), (4, 8, 20)]
+            )
             plan = runner._prefill_plan(batch)
-            assert [segment[0] for segment in plan] == ["kernel", "gqa", "kernel"]
-            assert plan[0][1].tolist() == [[0, 0, 4, 2]] and plan[1][1:5] == (1, 0, 20, 6)
-            assert plan[2][1].tolist() == [[2, 8, 3, 26], [3, 16, 2, 29]]
+            assert [segment[0] for segment in plan] == ["kernel", "gqa", "kernel", "gqa"]
+            assert plan[0][1].tolist() == [[0, 0, 4, 2]]
+            assert plan[1][1:5] == ([1, 5], 0, 20, 6) and plan[1][5] is None  # same shape: one batched call
+            assert plan[2][1].tolist() == [[2, 8, 3, 46], [3, 16, 2, 49]]
+            assert plan[3][1:5] == ([4], 8, 20, 51) and plan[3][5].shape == (20, 28)
         outputs[split] = greedy_tokens(engine, prompts, lengths)
     assert outputs[True] == outputs[False]
 
@@ -109,6 +113,12 @@ def test_sdpa_with_grouped_heads_matches_the_reference_after_a_cached_prefix(mak
     q = torch.randn(30, nkv * rep, hd, generator=gen)
     for start, n in ((0, 30), (17, 13)):
         mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
-        got = runner._prefill_attention_gqa(q, k_cache, v_cache, 1, start, n, 0, mask)
+        got = runner._prefill_attention_gqa(q, k_cache, v_cache, [1], start, n, 0, mask)
         want = _reference(q, k_cache, v_cache, torch.tensor([(1, start, n, 0)]), rep)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # Two chunks of one shape in one call: chunk i reads its own slot.
+    for start, n in ((0, 15), (20, 15)):
+        mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
+        got = runner._prefill_attention_gqa(q, k_cache, v_cache, [1, 0], start, n, 0, mask)
+        want = _reference(q, k_cache, v_cache, torch.tensor([(1, start, n, 0), (0, start, n, n)]), rep)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
