@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,3 +101,43 @@ def test_packed_linear_pads_large_row_counts_to_a_bucket(monkeypatch):
         assert y.shape == (m, 64)
         torch.testing.assert_close(y, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
     assert seen == [1, 7, 32, 64, 64, 64, 96, 224]
+
+
+def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loaded):
+    from inference.engine import runner as runner_module
+
+    model = tiny_loaded.model
+    cfg = model.config
+    inter = cfg.intermediate_size
+    weight = torch.randn(2 * inter, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
+    gated = runner_module._GatedUp.build(weight, inter)
+    if gated is None:
+        pytest.skip("oneDNN's packed linear with post-ops is not available in this torch build")
+    for m in (1, 33, 70):  # one row, and row counts the bucketing pads
+        x = torch.randn(m, cfg.hidden_size).bfloat16()
+        gu = F.linear(x.float(), weight.float())
+        want = F.silu(gu[:, :inter]) * gu[:, inter:]
+        got = gated(x)
+        assert got.shape == (m, inter) and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+    def build(dtype):
+        kv = KVCache(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, dtype, torch.device("cpu")
+        )
+        return ModelRunner(copy.deepcopy(model).to(dtype), kv, max_positions=64)
+
+    assert all(
+        layer.gated is None for layer in build(torch.float32).layers
+    )  # float32 keeps torch's roundings
+    bf16 = build(torch.bfloat16)
+    assert all(layer.gated is not None and layer.gate_up.packed is None for layer in bf16.layers)
+    # The bf16 runner through the gated form against the float32 model's logits.
+    tokens = list(range(300, 340))
+    batch = StepBatch(
+        token_ids=tokens, positions=list(range(40)), slots=[1] * 40, prefills=[(1, 0, 40)], logit_rows=[39]
+    )
+    with torch.inference_mode():
+        want = model(torch.tensor([tokens])).logits[0, -1]
+        got = bf16.forward(batch)[0].float()
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.99
