@@ -46,97 +46,84 @@ static inline float min_terms(const float *mn, const float *xsum_row, int64_t nb
     return s;
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+
+/* One block's 32 weights are NV registers of VL floats: 2 with AVX-512 (half the AVX2 path's instructions; a
+ * 2-vCPU Xeon, the bf16 model's projections, one row: ~2x faster), 4 with AVX2. */
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* 16 integers (bytes) as 16 floats in one register: a block of 32 weights is two registers, half the
- * instructions of the AVX2 path below (a 2-vCPU Xeon, bf16 model's projections, one row: ~2x faster). */
-static inline __m512 u8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
-static inline __m512 i8x16_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
-
-/* acc[i] += d * (x_i . w) over one block whose 32 weights (as integers) are w0 (0..15) and w1 (16..31). */
-#define BLOCK_FMA(M, w0, w1)                                                                                   \
-    for (int64_t i = 0; i < (M); i++) {                                                                        \
-        const float *xb = xf + i * k + b * QK;                                                                 \
-        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(xb), w0);                                                     \
-        t = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), w1, t);                                                  \
-        acc[i] = _mm512_fmadd_ps(db, t, acc[i]);                                                               \
-    }
-
-static inline __attribute__((always_inline)) void q4_1_col(const float *xf, const float *xsum, const uint8_t *q,
-                                                           const float *d, const float *mn, int64_t M,
-                                                           int64_t k, float *sums) {
-    const int64_t nb = k / QK;
-    const __m128i low = _mm_set1_epi8(15);
-    __m512 acc[MAX_M];
-    for (int64_t i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(q + b * 16));
-        const __m512 w0 = u8x16_to_ps(_mm_and_si128(raw, low));
-        const __m512 w1 = u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
-        const __m512 db = _mm512_set1_ps(d[b]);
-        BLOCK_FMA(M, w0, w1)
-    }
-    for (int64_t i = 0; i < M; i++) sums[i] = _mm512_reduce_add_ps(acc[i]) + min_terms(mn, xsum + i * nb, nb);
+#define VL 16
+typedef __m512 vec;
+#define VLOAD _mm512_loadu_ps
+#define VMUL _mm512_mul_ps
+#define VFMA _mm512_fmadd_ps
+#define VSET1 _mm512_set1_ps
+#define VZERO _mm512_setzero_ps
+#define VSUM _mm512_reduce_add_ps
+static inline vec u8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+static inline vec i8_to_ps(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+/* Q4_1: byte j holds element j in its low nibble and element j + 16 in its high one. */
+static inline void q4_1_weights(const uint8_t *q, vec *w) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)q), low = _mm_set1_epi8(15);
+    w[0] = u8_to_ps(_mm_and_si128(raw, low));
+    w[1] = u8_to_ps(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
 }
-
-static inline __attribute__((always_inline)) void q8_0_col(const float *xf, const float *xsum, const int8_t *q,
-                                                           const float *d, const float *mn, int64_t M,
-                                                           int64_t k, float *sums) {
-    (void)xsum;
-    (void)mn;
-    const int64_t nb = k / QK;
-    __m512 acc[MAX_M];
-    for (int64_t i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512 w0 = i8x16_to_ps(_mm_loadu_si128((const __m128i *)(q + b * QK)));
-        const __m512 w1 = i8x16_to_ps(_mm_loadu_si128((const __m128i *)(q + b * QK + 16)));
-        const __m512 db = _mm512_set1_ps(d[b]);
-        BLOCK_FMA(M, w0, w1)
-    }
-    for (int64_t i = 0; i < M; i++) sums[i] = _mm512_reduce_add_ps(acc[i]);
+static inline void q8_0_weights(const int8_t *q, vec *w) {
+    w[0] = i8_to_ps(_mm_loadu_si128((const __m128i *)q));
+    w[1] = i8_to_ps(_mm_loadu_si128((const __m128i *)(q + 16)));
 }
-
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-
-static inline float hsum8(__m256 v) {
+#else
+#define VL 8
+typedef __m256 vec;
+#define VLOAD _mm256_loadu_ps
+#define VMUL _mm256_mul_ps
+#define VFMA _mm256_fmadd_ps
+#define VSET1 _mm256_set1_ps
+#define VZERO _mm256_setzero_ps
+static inline float VSUM(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+static inline vec u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+static inline vec i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+static inline void q4_1_weights(const uint8_t *q, vec *w) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)q), low = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    w[0] = u8_to_ps(lo), w[1] = u8_to_ps(_mm_srli_si128(lo, 8));
+    w[2] = u8_to_ps(hi), w[3] = u8_to_ps(_mm_srli_si128(hi, 8));
+}
+static inline void q8_0_weights(const int8_t *q, vec *w) {
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)q), r1 = _mm_loadu_si128((const __m128i *)(q + 16));
+    w[0] = i8_to_ps(r0), w[1] = i8_to_ps(_mm_srli_si128(r0, 8));
+    w[2] = i8_to_ps(r1), w[3] = i8_to_ps(_mm_srli_si128(r1, 8));
+}
+#endif
+#define NV (QK / VL)
 
-static inline __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-static inline __m256 i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
-/* acc[i] += d * (x_i . w) over one block whose 32 weights (as integers) are w0..w3 (8 each). */
-#define BLOCK_FMA(M, w0, w1, w2, w3)                                                                           \
-    for (int64_t i = 0; i < (M); i++) {                                                                        \
-        const float *xb = xf + i * k + b * QK;                                                                 \
-        __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xb), w0);                                                     \
-        t = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), w1, t);                                                   \
-        t = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), w2, t);                                                  \
-        t = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), w3, t);                                                  \
-        acc[i] = _mm256_fmadd_ps(db, t, acc[i]);                                                               \
+/* sums[i] = sum over blocks b of d[b] * (x_i . w_b) for rows i < M; WEIGHTS unpacks block b's integers. */
+#define COLUMN(WEIGHTS, q, QSTRIDE)                                                                            \
+    const int64_t nb = k / QK;                                                                                 \
+    vec acc[MAX_M];                                                                                            \
+    for (int64_t i = 0; i < M; i++) acc[i] = VZERO();                                                          \
+    for (int64_t b = 0; b < nb; b++) {                                                                         \
+        vec w[NV];                                                                                             \
+        WEIGHTS(q + b * (QSTRIDE), w);                                                                         \
+        const vec db = VSET1(d[b]);                                                                            \
+        for (int64_t i = 0; i < M; i++) {                                                                      \
+            const float *xb = xf + i * k + b * QK;                                                             \
+            vec t = VMUL(VLOAD(xb), w[0]);                                                                     \
+            for (int v = 1; v < NV; v++) t = VFMA(VLOAD(xb + v * VL), w[v], t);                                \
+            acc[i] = VFMA(db, t, acc[i]);                                                                      \
+        }                                                                                                      \
     }
 
 static inline __attribute__((always_inline)) void q4_1_col(const float *xf, const float *xsum, const uint8_t *q,
                                                            const float *d, const float *mn, int64_t M,
                                                            int64_t k, float *sums) {
-    const int64_t nb = k / QK;
-    const __m128i low = _mm_set1_epi8(15);
-    __m256 acc[MAX_M];
-    for (int64_t i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(q + b * 16));
-        const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        const __m256 w0 = u8_to_ps(lo), w1 = u8_to_ps(_mm_srli_si128(lo, 8));
-        const __m256 w2 = u8_to_ps(hi), w3 = u8_to_ps(_mm_srli_si128(hi, 8));
-        const __m256 db = _mm256_set1_ps(d[b]);
-        BLOCK_FMA(M, w0, w1, w2, w3)
-    }
-    for (int64_t i = 0; i < M; i++) sums[i] = hsum8(acc[i]) + min_terms(mn, xsum + i * nb, nb);
+    COLUMN(q4_1_weights, q, QK / 2)
+    for (int64_t i = 0; i < M; i++) sums[i] = VSUM(acc[i]) + min_terms(mn, xsum + i * nb, nb);
 }
 
 static inline __attribute__((always_inline)) void q8_0_col(const float *xf, const float *xsum, const int8_t *q,
@@ -144,18 +131,8 @@ static inline __attribute__((always_inline)) void q8_0_col(const float *xf, cons
                                                            int64_t k, float *sums) {
     (void)xsum;
     (void)mn;
-    const int64_t nb = k / QK;
-    __m256 acc[MAX_M];
-    for (int64_t i = 0; i < M; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m128i r0 = _mm_loadu_si128((const __m128i *)(q + b * QK));
-        const __m128i r1 = _mm_loadu_si128((const __m128i *)(q + b * QK + 16));
-        const __m256 w0 = i8_to_ps(r0), w1 = i8_to_ps(_mm_srli_si128(r0, 8));
-        const __m256 w2 = i8_to_ps(r1), w3 = i8_to_ps(_mm_srli_si128(r1, 8));
-        const __m256 db = _mm256_set1_ps(d[b]);
-        BLOCK_FMA(M, w0, w1, w2, w3)
-    }
-    for (int64_t i = 0; i < M; i++) sums[i] = hsum8(acc[i]);
+    COLUMN(q8_0_weights, q, QK)
+    for (int64_t i = 0; i < M; i++) sums[i] = VSUM(acc[i]);
 }
 
 #else /* portable C: the compiler vectorises what it can */
