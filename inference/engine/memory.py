@@ -35,6 +35,9 @@ def _libc() -> ctypes.CDLL | None:
     if hasattr(libc, "malloc_trim"):
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+    if hasattr(libc, "mallopt"):
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.madvise.restype = ctypes.c_int
     return libc
@@ -74,8 +77,6 @@ def keep_freed_heap() -> bool:
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD)
     )

@@ -361,9 +361,12 @@ class ModelRunner:
         def exact(*modules: Any) -> block_quant.BlockWeight | None:
             # The loader's blocks of these modules' weights stacked (fused projections), or None.
             parts = [given.get(f"{names.get(id(m))}.weight") for m in modules]
-            if not parts or any(p is None for p in parts) or len({p.kind for p in parts}) != 1:
+            if any(p is None for p in parts):
                 return None
-            return block_quant.concat(parts)
+            try:
+                return block_quant.concat(parts)
+            except ValueError:  # parts of different kinds
+                return None
 
         self.layers: list[_Layer] = []
         for layer in model.model.layers:
@@ -507,9 +510,8 @@ class ModelRunner:
         if self.embed_blocks is None:
             x = F.embedding(ids, self.embed)
         else:
-            x = block_quant.dequantize(self.embed_blocks, ids).to(
-                self.dtype
-            )  # bf16: the bf16 weight's rounding
+            # In bf16 the rows round to the bf16 weight's values.
+            x = block_quant.dequantize(self.embed_blocks, ids).to(self.dtype)
         qk_width = (nh + nkv) * hd
         for li, lw in enumerate(self.layers):
             h = self._rms_norm(x, lw.ln1)
@@ -649,7 +651,7 @@ class ModelRunner:
                         segments.append(("kernel", torch.tensor(run, dtype=torch.long)))
                         run = []
                     last = segments[-1] if segments else None
-                    if last is not None and last[0] == "gqa" and last[2:4] == (start, n) and not run:
+                    if last is not None and last[0] == "gqa" and last[2:4] == (start, n):
                         last[1].append(slot)  # same shape as the previous chunk: one batched call
                     else:
                         mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
