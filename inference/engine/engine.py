@@ -122,7 +122,8 @@ class LLMEngine:
     ``RequestHandle`` methods may be called from any thread. ``step`` / ``run_until_idle`` are
     serialized by a lock (tests and benchmarks drive them directly instead of ``start``).
 
-    Memory: the runner keeps oneDNN-packed copies of the weight matrices (one more model-sized buffer)
+    Memory: the runner keeps packed copies of the weight matrices for oneDNN or, in bf16 on CPUs with AVX512-BF16 and
+    no AMX, for the native VNNI kernel (one more model-sized buffer)
     and, for a model prepared from a GGUF file, the weights' block form (:mod:`.block_quant`); the KV
     cache commits at most what running requests reserved (see :mod:`.kv_cache`). With ``owns_model``
     the float weights those two forms cover are freed, so the model is held once, not twice.
@@ -435,7 +436,9 @@ class LLMEngine:
                 return 0
             try:
                 logits = self._runner.forward(step.batch)
-                tokens = sample_next_tokens(logits, [r.sampler for r in step.sample_requests], self._gen)
+                tokens = sample_next_tokens(
+                    logits, [r.sampler for r in step.sample_requests], self._gen, self._runner.argmax
+                )
             except Exception as exc:
                 logger.exception("engine step failed for %d requests", len(step.advances))
                 with self._cond:

@@ -14,6 +14,7 @@ themselves), as in vLLM's per-request generators.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -240,6 +241,7 @@ def sample_next_tokens(
     logits: torch.Tensor,
     states: list[SamplerState],
     default_gen: torch.Generator | None = None,
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> list[int]:
     """Select the next token for every row.
 
@@ -248,6 +250,9 @@ def sample_next_tokens(
             belongs to ``states[i]``. Modified in place when penalties apply.
         states: Per-row sampler state (params, RNG, penalty counts).
         default_gen: RNG for rows without a seed (``None`` = torch's global RNG).
+        argmax: Row-wise argmax for an all-greedy step without penalties, ``[R, V] -> [R]`` int64, with torch's
+            semantics (first index on ties); the engine passes the native kernel's
+            (:meth:`~inference.engine.kernels.Elementwise.argmax`). ``None``: torch's.
 
     Returns:
         ``R`` token ids. Temperature-0 rows get ``argmax`` (first index on ties, like
@@ -257,6 +262,8 @@ def sample_next_tokens(
     penalties = any(s.params.has_penalties for s in states)
     if logits.device.type != "cpu" and not (all(greedy) and not penalties):
         logits = logits.float().cpu()  # per-request generators and penalty state live on CPU
+    if all(greedy) and not penalties and argmax is not None and logits.device.type == "cpu":
+        return argmax(logits.contiguous()).tolist()
     if all(greedy) and not penalties:
         # The float32 cast is exact and monotonic, so argmax picks the same (first) index; it is
         # done because torch's bfloat16 argmax kernel is ~4x slower than cast + float32 argmax.

@@ -3,7 +3,9 @@
 :func:`decode_attention` (``decode_attention.c``: attention of one query token per decoding sequence over the
 slot KV cache) and :func:`linear_rows` (``linear_rows.c``: ``x @ W.T`` for a few rows, streaming the weights at memory
 bandwidth; the engine uses it for one-sequence decode steps), :func:`linear_blocks` (``linear_blocks.c``: the
-same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`)
+same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`),
+:func:`linear_vnni` (``linear_vnni.c``: bf16 ``x @ W.T`` for any number of rows on AVX512-BF16 CPUs, the weight packed
+for vdpbf16ps, optionally with LlamaMLP's SiLU-and-multiply as its epilogue)
 and :func:`elementwise` (``elementwise.c``: a layer's RMSNorm and SiLU-and-multiply in one call each) and
 :func:`rope_cache` (``rope_cache.c``: RoPE of the queries and keys with the keys and values written into the cache)
 and :func:`prefill_attention` (``prefill_attention.c``: causal attention of a step's prefill chunks, tiled). Nothing here needs Python or torch headers, so a build takes about a second;
@@ -33,8 +35,18 @@ from typing import Any
 
 import torch
 
-from ..block_quant import QK, BlockWeight
 from ..threads import loaded_libgomp_paths
+from .linear import LinearBlocks, LinearRows, LinearVnni
+
+__all__ = [
+    "DecodeAttention",
+    "Elementwise",
+    "LinearBlocks",
+    "LinearRows",
+    "LinearVnni",
+    "PrefillAttention",
+    "RopeCache",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +56,7 @@ _SOURCES = tuple(
         "decode_attention.c",
         "linear_rows.c",
         "linear_blocks.c",
+        "linear_vnni.c",
         "elementwise.c",
         "rope_cache.c",
         "prefill_attention.c",
@@ -179,139 +192,9 @@ class DecodeAttention(_AttentionKernel):
         return out
 
 
-def _bias_fits(bias: torch.Tensor | None, dtype: torch.dtype, n: int) -> bool:
-    """Whether ``bias`` is absent or a contiguous ``[n]`` tensor of ``dtype`` (what the linear kernels take)."""
-    return bias is None or (bias.dtype == dtype and bias.shape == (n,) and bias.is_contiguous())
-
-
-class LinearRows:
-    """``linear_rows.c`` bound with ctypes: ``y = x @ weight.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``.
-
-    For a decode step of one sequence oneDNN's packed kernel reads the weights well below memory bandwidth;
-    this kernel streams each weight row once (float32 sums). Call with ``x`` ``[m, k]``, ``weight`` ``[n, k]``
-    and ``bias`` ``[n]`` or ``None``, all contiguous and of one dtype (bfloat16 or float32); returns
-    ``[m, n]``.
-
-    Raises:
-        ValueError: a dtype, shape or row count the kernel does not take.
-    """
-
-    #: Rows the kernel takes (``MAX_M`` in linear_rows.c).
-    MAX_ROWS = 8
-    #: Rows up to which the engine uses it: measured here (2 cores, AVX512-BF16, the default model's
-    #: projections), batch-1 decode steps take 18 ms against oneDNN's 26, but at 2 rows oneDNN is as fast
-    #: or faster (Performance, round 5).
-    USE_UP_TO_ROWS = 1
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fns = {torch.bfloat16: lib.linear_rows_bf16, torch.float32: lib.linear_rows_f32}
-        for fn in self._fns.values():
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
-
-    def supports(self, weight: torch.Tensor) -> bool:
-        """Whether the kernel takes this weight (dtype, contiguous, in-features a multiple of 16, on CPU)."""
-        return (
-            weight.dtype in self._fns
-            and weight.dim() == 2
-            and weight.is_contiguous()
-            and weight.shape[1] % 16 == 0
-            and weight.device.type == "cpu"
-        )
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        m, k = x.shape
-        n = weight.shape[0]
-        if (
-            not 1 <= m <= self.MAX_ROWS
-            or not self.supports(weight)
-            or x.dtype != weight.dtype
-            or weight.shape[1] != k
-            or not x.is_contiguous()
-            or not _bias_fits(bias, x.dtype, n)
-        ):
-            raise ValueError("linear_rows: unsupported dtype, shape or row count")
-        y = torch.empty((m, n), dtype=x.dtype)
-        scratch = torch.empty(m * k, dtype=torch.float32)
-        code = self._fns[x.dtype](
-            x.data_ptr(),
-            weight.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
-            m,
-            n,
-            k,
-            scratch.data_ptr(),
-        )
-        if code:
-            raise ValueError(f"linear_rows: kernel refused the call (code {code})")
-        return y
-
-
-class LinearBlocks:
-    """``linear_blocks.c`` bound with ctypes: ``y = x @ W.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``, with ``W``
-    in GGUF block form (:class:`~inference.engine.block_quant.BlockWeight`, Q4_1 or Q8_0).
-
-    A one-sequence decode step is bound by the bytes of weights it reads; the default model's weights are
-    block-quantized values, which this kernel reads at ~5 (Q4_1) or ~8.5 (Q8_0) bits each instead of the 32 of
-    float32, computing in float32 with exactly those values (llama.cpp's dot-product factoring, activations not
-    quantized). Call with ``x`` ``[m, k]`` (float32 or bfloat16, contiguous), the weight's ``BlockWeight`` and
-    ``bias`` ``[n]`` (``x``'s dtype) or ``None``; returns ``[m, n]`` in ``x``'s dtype.
-
-    Raises:
-        ValueError: a dtype, shape or row count the kernel does not take.
-    """
-
-    #: Rows the binding takes (the kernel itself goes through any number, 8 at a time: ``MAX_M``).
-    MAX_ROWS = 64
-    #: Rows up to which the engine uses it (measured: Performance, round 6).
-    USE_UP_TO_ROWS = 8
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fns = {
-            ("q4_1", torch.float32): lib.linear_q4_1_f32,
-            ("q4_1", torch.bfloat16): lib.linear_q4_1_bf16,
-            ("q8_0", torch.float32): lib.linear_q8_0_f32,
-            ("q8_0", torch.bfloat16): lib.linear_q8_0_bf16,
-        }
-        for fn in self._fns.values():
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
-
-    def __call__(self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        m, k = x.shape
-        n, nb = weight.d.shape
-        fn = self._fns.get((weight.kind, x.dtype))
-        if (
-            fn is None
-            or not 1 <= m <= self.MAX_ROWS
-            or nb * QK != k
-            or not x.is_contiguous()
-            or x.device.type != "cpu"
-            or not _bias_fits(bias, x.dtype, n)
-        ):
-            raise ValueError("linear_blocks: unsupported dtype, shape or row count")
-        y = torch.empty((m, n), dtype=x.dtype)
-        scratch = torch.empty(m * k + m * nb, dtype=torch.float32)
-        code = fn(
-            x.data_ptr(),
-            weight.qs.data_ptr(),
-            weight.d.data_ptr(),
-            None if weight.mn is None else weight.mn.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
-            m,
-            n,
-            k,
-            scratch.data_ptr(),
-        )
-        if code:
-            raise ValueError(f"linear_blocks: kernel refused the call (code {code})")
-        return y
-
-
 class Elementwise:
-    """``elementwise.c`` bound with ctypes: a Llama layer's RMSNorm and SiLU-and-multiply, one call each.
+    """``elementwise.c`` bound with ctypes: a Llama layer's RMSNorm and SiLU-and-multiply, one call each, and the
+    row-wise argmax of greedy decoding.
 
     Both take contiguous CPU tensors of one dtype (float32 or bfloat16) and return new ones; the math and the
     rounding points are torch's (``LlamaRMSNorm``, ``F.silu(gate) * up``), the mean of squares summed in another
@@ -328,6 +211,10 @@ class Elementwise:
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
         for fn in self._silu_mul.values():
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        self._argmax = {torch.float32: lib.argmax_f32, torch.bfloat16: lib.argmax_bf16}
+        for fn in self._argmax.values():
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
 
@@ -356,6 +243,16 @@ class Elementwise:
         y = torch.empty((rows, inter), dtype=gate_up.dtype)
         fn(gate_up.data_ptr(), y.data_ptr(), rows, inter)
         return y
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """``x.argmax(-1)`` for ``x`` ``[rows, n]`` (``n >= 1``): int64 ``[rows]``, the first index of each row's
+        maximum, a NaN counting as the maximum, as torch's."""
+        fn = self._argmax.get(x.dtype)
+        if fn is None or x.dim() != 2 or x.shape[1] < 1 or not x.is_contiguous() or x.device.type != "cpu":
+            raise ValueError("argmax: unsupported dtype, shape or layout")
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        fn(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1])
+        return out
 
 
 class PrefillAttention(_AttentionKernel):
@@ -542,6 +439,13 @@ def decode_attention() -> DecodeAttention | None:
 def linear_blocks() -> LinearBlocks | None:
     """The native block-quantized linear kernel, built on first use; ``None`` (warned once) when it cannot be had."""
     return _bind(LinearBlocks)
+
+
+def linear_vnni() -> LinearVnni | None:
+    """The native VNNI-packed bf16 linear kernel, built on first use; ``None`` when it cannot be had (warned once) or
+    this CPU has no AVX512-BF16."""
+    kernel = _bind(LinearVnni)
+    return kernel if kernel is not None and kernel.available else None
 
 
 def elementwise() -> Elementwise | None:

@@ -118,6 +118,23 @@ def test_elementwise_kernels_match_torch(dtype, rows):
     torch.testing.assert_close(act, want_act, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 40])  # one thread / split over the OpenMP threads
+def test_argmax_is_torchs_with_ties_infinities_and_nan(dtype, rows):
+    kernel = elementwise()
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 49152, generator=gen).to(dtype)
+    x[0, 7] = x[0, 9000] = 50.0  # a tie: the first index
+    if rows > 2:
+        x[-1, :] = float("-inf")  # all -inf: index 0
+        x[1, 123] = x[1, 40000] = float("nan")  # a NaN is the maximum; the first one
+        x[2, 5] = float("inf")
+        x[2, 6] = 0.0
+    got = kernel.argmax(x)
+    assert got.dtype == torch.int64 and torch.equal(got, x.argmax(-1))
+    assert int(got[0]) == 7
+
+
 def test_elementwise_kernels_refuse_what_they_do_not_take():
     kernels = elementwise()
     assert kernels is not None
@@ -129,6 +146,10 @@ def test_elementwise_kernels_refuse_what_they_do_not_take():
         kernels.silu_mul(torch.randn(2, 63))  # odd width: no gate/up halves
     with pytest.raises(ValueError):
         kernels.silu_mul(torch.randn(2, 64).half())  # float16
+    with pytest.raises(ValueError):
+        kernels.argmax(torch.randn(4, 10).t())  # not contiguous
+    with pytest.raises(ValueError):
+        kernels.argmax(torch.randn(4, 0))  # nothing to choose from
 
 
 def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engine):

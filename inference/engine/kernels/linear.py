@@ -1,0 +1,237 @@
+"""The linear-layer kernels' ctypes bindings: :class:`LinearRows` (``linear_rows.c``), :class:`LinearBlocks`
+(``linear_blocks.c``) and :class:`LinearVnni` (``linear_vnni.c``). Built and loaded with the other kernels by
+:mod:`inference.engine.kernels`, whose factories (``linear_rows()`` ...) return them bound to the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..block_quant import QK, BlockWeight
+
+
+def _bias_fits(bias: torch.Tensor | None, dtype: torch.dtype, n: int) -> bool:
+    """Whether ``bias`` is absent or a contiguous ``[n]`` tensor of ``dtype`` (what the linear kernels take)."""
+    return bias is None or (bias.dtype == dtype and bias.shape == (n,) and bias.is_contiguous())
+
+
+class LinearRows:
+    """``linear_rows.c`` bound with ctypes: ``y = x @ weight.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``.
+
+    For a decode step of one sequence oneDNN's packed kernel reads the weights well below memory bandwidth;
+    this kernel streams each weight row once (float32 sums). Call with ``x`` ``[m, k]``, ``weight`` ``[n, k]``
+    and ``bias`` ``[n]`` or ``None``, all contiguous and of one dtype (bfloat16 or float32); returns
+    ``[m, n]``.
+
+    Raises:
+        ValueError: a dtype, shape or row count the kernel does not take.
+    """
+
+    #: Rows the kernel takes (``MAX_M`` in linear_rows.c).
+    MAX_ROWS = 8
+    #: Rows up to which the engine uses it: measured here (2 cores, AVX512-BF16, the default model's
+    #: projections), batch-1 decode steps take 18 ms against oneDNN's 26, but at 2 rows oneDNN is as fast
+    #: or faster (Performance, round 5).
+    USE_UP_TO_ROWS = 1
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fns = {torch.bfloat16: lib.linear_rows_bf16, torch.float32: lib.linear_rows_f32}
+        for fn in self._fns.values():
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+
+    def supports(self, weight: torch.Tensor) -> bool:
+        """Whether the kernel takes this weight (dtype, contiguous, in-features a multiple of 16, on CPU)."""
+        return (
+            weight.dtype in self._fns
+            and weight.dim() == 2
+            and weight.is_contiguous()
+            and weight.shape[1] % 16 == 0
+            and weight.device.type == "cpu"
+        )
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        m, k = x.shape
+        n = weight.shape[0]
+        if (
+            not 1 <= m <= self.MAX_ROWS
+            or not self.supports(weight)
+            or x.dtype != weight.dtype
+            or weight.shape[1] != k
+            or not x.is_contiguous()
+            or not _bias_fits(bias, x.dtype, n)
+        ):
+            raise ValueError("linear_rows: unsupported dtype, shape or row count")
+        y = torch.empty((m, n), dtype=x.dtype)
+        scratch = torch.empty(m * k, dtype=torch.float32)
+        code = self._fns[x.dtype](
+            x.data_ptr(),
+            weight.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+            scratch.data_ptr(),
+        )
+        if code:
+            raise ValueError(f"linear_rows: kernel refused the call (code {code})")
+        return y
+
+
+class LinearBlocks:
+    """``linear_blocks.c`` bound with ctypes: ``y = x @ W.T (+ bias)`` for 1 to ``MAX_ROWS`` rows of ``x``, with ``W``
+    in GGUF block form (:class:`~inference.engine.block_quant.BlockWeight`, Q4_1 or Q8_0).
+
+    A one-sequence decode step is bound by the bytes of weights it reads; the default model's weights are
+    block-quantized values, which this kernel reads at ~5 (Q4_1) or ~8.5 (Q8_0) bits each instead of the 32 of
+    float32, computing in float32 with exactly those values (llama.cpp's dot-product factoring, activations not
+    quantized). Call with ``x`` ``[m, k]`` (float32 or bfloat16, contiguous), the weight's ``BlockWeight`` and
+    ``bias`` ``[n]`` (``x``'s dtype) or ``None``; returns ``[m, n]`` in ``x``'s dtype.
+
+    Raises:
+        ValueError: a dtype, shape or row count the kernel does not take.
+    """
+
+    #: Rows the binding takes (the kernel itself goes through any number, 8 at a time: ``MAX_M``).
+    MAX_ROWS = 64
+    #: Rows up to which the engine uses it (measured: Performance, round 6).
+    USE_UP_TO_ROWS = 8
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fns = {
+            ("q4_1", torch.float32): lib.linear_q4_1_f32,
+            ("q4_1", torch.bfloat16): lib.linear_q4_1_bf16,
+            ("q8_0", torch.float32): lib.linear_q8_0_f32,
+            ("q8_0", torch.bfloat16): lib.linear_q8_0_bf16,
+        }
+        for fn in self._fns.values():
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_void_p]
+
+    def __call__(self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        m, k = x.shape
+        n, nb = weight.d.shape
+        fn = self._fns.get((weight.kind, x.dtype))
+        if (
+            fn is None
+            or not 1 <= m <= self.MAX_ROWS
+            or nb * QK != k
+            or not x.is_contiguous()
+            or x.device.type != "cpu"
+            or not _bias_fits(bias, x.dtype, n)
+        ):
+            raise ValueError("linear_blocks: unsupported dtype, shape or row count")
+        y = torch.empty((m, n), dtype=x.dtype)
+        scratch = torch.empty(m * k + m * nb, dtype=torch.float32)
+        code = fn(
+            x.data_ptr(),
+            weight.qs.data_ptr(),
+            weight.d.data_ptr(),
+            None if weight.mn is None else weight.mn.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+            scratch.data_ptr(),
+        )
+        if code:
+            raise ValueError(f"linear_blocks: kernel refused the call (code {code})")
+        return y
+
+
+class LinearVnni:
+    """``linear_vnni.c`` bound with ctypes: ``y = x @ W.T (+ bias)`` in bf16 for any number of rows, with ``W`` packed
+    once in vdpbf16ps's VNNI layout (:meth:`pack`); or, packed with ``swiglu=True``, LlamaMLP's
+    ``silu(x @ Wg.T) * (x @ Wu.T)`` from the fused ``[gate; up]`` weight in one pass.
+
+    A register-blocked micro-kernel (BLIS; oneDNN's brgemm) that reads each weight once from DRAM per call and
+    prefetches the next column block while computing one. On a 2-vCPU Zen 5 (AVX512-BF16, no AMX) it runs the default
+    model's projections at 32 rows in 10.2-11.9 ms against oneDNN's 16.2, and at 512 rows ~10 % faster (the file's
+    header has the figures). Only for CPUs with AVX512-BF16: :func:`inference.engine.kernels.linear_vnni` is ``None``
+    elsewhere.
+
+    Call with ``x`` ``[m, k]`` (bfloat16, contiguous, ``m >= 0``), the packed weight (``[n, k]``, from :meth:`pack`) and ``bias``
+    ``[n]`` or ``None``; returns ``[m, n]``, or ``[m, n / 2]`` with ``swiglu``. Sums in float32.
+
+    Raises:
+        ValueError: a dtype, shape or layout the kernel does not take.
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.linear_vnni_bf16
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._pack = lib.vnni_pack_bf16
+        self._pack.restype = None
+        self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+
+    @property
+    def available(self) -> bool:
+        """Whether the library was built with AVX512-BF16 (``False``: every call would be refused)."""
+        probe = torch.zeros((1, 16), dtype=torch.bfloat16)
+        out = torch.empty((1, 16), dtype=torch.bfloat16)
+        return self._fn(probe.data_ptr(), probe.data_ptr(), None, out.data_ptr(), 1, 16, 16, 0) == 0
+
+    @staticmethod
+    def supports(weight: torch.Tensor, swiglu: bool = False) -> bool:
+        """Whether :meth:`pack` takes ``weight``: bf16 ``[n, k]`` on CPU, ``n`` a multiple of 16 (32 with ``swiglu``),
+        ``k`` even."""
+        return (
+            weight.dtype == torch.bfloat16
+            and weight.dim() == 2
+            and weight.device.type == "cpu"
+            and weight.shape[0] % (32 if swiglu else 16) == 0
+            and weight.shape[0] > 0
+            and weight.shape[1] % 2 == 0
+            and weight.shape[1] > 0
+        )
+
+    def pack(self, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """``weight`` ``[n, k]`` in the kernel's layout (a new ``[n, k]`` tensor): panels of 16 output columns, each
+        ``[k / 2, 16, 2]``; with ``swiglu`` (``weight`` = ``[gate; up]``) gate and up panels alternate.
+
+        Raises:
+            ValueError: a weight :meth:`supports` refuses.
+        """
+        if not self.supports(weight, swiglu):
+            raise ValueError("linear_vnni: unsupported weight dtype, shape or device")
+        weight = weight.contiguous()
+        out = torch.empty_like(weight)
+        self._pack(weight.data_ptr(), out.data_ptr(), weight.shape[0], weight.shape[1], int(swiglu))
+        return out
+
+    def __call__(
+        self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, swiglu: bool = False
+    ) -> torch.Tensor:
+        m, k = x.shape
+        n = packed.shape[0]
+        if (
+            x.dtype != torch.bfloat16
+            or packed.dtype != torch.bfloat16
+            or packed.shape[1] != k
+            or not (x.is_contiguous() and packed.is_contiguous())
+            or x.device.type != "cpu"
+            or not _bias_fits(bias, x.dtype, n)
+            or (swiglu and bias is not None)
+        ):
+            raise ValueError("linear_vnni: unsupported dtype, shape or layout")
+        y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype)
+        if m == 0:  # e.g. the lm_head of a step whose prefill chunks all end before their prompt does
+            return y
+        code = self._fn(
+            x.data_ptr(),
+            packed.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+            int(swiglu),
+        )
+        if code:
+            raise ValueError(f"linear_vnni: kernel refused the call (code {code})")
+        return y
