@@ -235,3 +235,18 @@ def test_an_engine_on_cpu_fixes_the_heap_thresholds(make_engine, monkeypatch):
     monkeypatch.setattr(engine_module, "keep_freed_heap", lambda: calls.append(1) or True)
     make_engine()
     assert calls == [1]
+
+
+def test_an_owning_build_hands_each_layers_freed_weights_back_as_it_goes(gguf_tiny_loaded, monkeypatch):
+    # The freed weights sit between live heap chunks; trimmed only at the end, the build's RSS climbed ~350 MB
+    # over the load for the default model (bf16) before falling back.
+    from inference.engine import runner
+
+    trims = []
+    real = runner.memory.trim_heap
+    monkeypatch.setattr(runner.memory, "trim_heap", lambda: trims.append(1) or real())
+    layers = gguf_tiny_loaded.model.config.num_hidden_layers
+    engine_for(fresh(gguf_tiny_loaded), owns_model=False).shutdown()
+    assert trims == []  # a model it does not own keeps its weights: nothing to hand back
+    engine_for(fresh(gguf_tiny_loaded), owns_model=True).shutdown()
+    assert len(trims) == layers
