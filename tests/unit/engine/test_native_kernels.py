@@ -3,6 +3,7 @@ few-rows linear matches F.linear, and the engine's greedy output is the same wit
 
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +188,25 @@ def test_without_a_working_compiler_the_engine_warns_and_keeps_torchs_kernels(
     finally:
         kernels._library.cache_clear()
     assert not list(tmp_path.glob("*.so"))
+
+
+def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_path):
+    # What a new machine does on its first engine start (the sources compile side by side, then link).
+    import ctypes
+
+    from inference.engine import kernels
+    from inference.engine.threads import loaded_libgomp_paths
+
+    gomp = Path(loaded_libgomp_paths()[0])
+    built = kernels._build(kernels._SOURCES, gomp, tmp_path)
+    assert built.parent == tmp_path and list(tmp_path.iterdir()) == [built]  # no temporary left behind
+    lib = ctypes.CDLL(str(built))
+    for symbol in (
+        "decode_attention_bf16",
+        "linear_rows_f32",
+        "linear_q4_1_bf16",
+        "linear_vnni_bf16",
+        "argmax_f32",
+    ):
+        assert hasattr(lib, symbol)
+    assert kernels._build(kernels._SOURCES, gomp, tmp_path) == built  # cached: the same object, not rebuilt
