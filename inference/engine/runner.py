@@ -119,13 +119,17 @@ class _Linear:
         blocks: kernels.LinearBlocks | None = None,
         block_weight: block_quant.BlockWeight | None = None,
         vnni: kernels.LinearVnni | None = None,
+        gated: bool = False,
     ) -> None:
         self.weight = weight
         self.bias = bias
+        #: Rows past the few-rows kernels go to a gated form of this weight (:class:`_GatedUp`,
+        #: :class:`_VnniGatedUp`), so no packed copy is made.
+        self.gated = gated
         self.packed: torch.Tensor | None = None
-        self.vnni = vnni if vnni is not None and vnni.supports(weight) else None
+        self.vnni = vnni if vnni is not None and vnni.supports(weight) and not gated else None
         self.vnni_weight = self.vnni.pack(weight) if self.vnni is not None else None
-        if pack and self.vnni is None:
+        if pack and self.vnni is None and not gated:
             self.packed = _try_pack(weight, bias)
         # A decode step of one sequence: the native kernel streams the weights at memory bandwidth.
         self.rows = rows if rows is not None and rows.supports(weight) else None
@@ -144,12 +148,9 @@ class _Linear:
     @property
     def covered(self) -> bool:
         """``True`` when every row count runs without the float weight: the GGUF blocks up to
-        ``LinearBlocks.USE_UP_TO_ROWS`` rows, the VNNI- or oneDNN-packed copy beyond."""
-        return (self.packed is not None or self.vnni_weight is not None) and self.blocks is not None
-
-    def drop_packed(self) -> None:
-        """Free the packed copies (a gated form, :class:`_GatedUp` or :class:`_VnniGatedUp`, takes those rows)."""
-        self.packed = self.vnni_weight = None
+        ``LinearBlocks.USE_UP_TO_ROWS`` rows, the VNNI- or oneDNN-packed copy (or the gated form) beyond."""
+        large = self.packed is not None or self.vnni_weight is not None or self.gated
+        return large and self.blocks is not None
 
     def small(self, rows: int) -> bool:
         """Whether a call of ``rows`` rows runs in the native few-rows kernels (GGUF blocks or float rows)."""
@@ -430,6 +431,12 @@ class ModelRunner:
             loaded = {id(m): m.weight.data for m in projections} if release_weights else {}
             wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
+            inter = mlp.gate_proj.out_features
+            gated: _GatedUp | _VnniGatedUp | None = None
+            if vnni is not None and bgu is None:
+                gated = _VnniGatedUp.build(vnni, wgu, inter)
+            elif pack and native and self.dtype == torch.bfloat16 and bgu is None:
+                gated = _GatedUp.build(wgu, inter)
             lw = _Layer(
                 ln1=layer.input_layernorm.weight.data,
                 qkv=_Linear(
@@ -439,7 +446,9 @@ class ModelRunner:
                     attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks, exact(attn.o_proj), vnni
                 ),
                 ln2=layer.post_attention_layernorm.weight.data,
-                gate_up=_Linear(wgu, bgu, pack, rows, blocks, exact(mlp.gate_proj, mlp.up_proj), vnni),
+                gate_up=_Linear(
+                    wgu, bgu, pack, rows, blocks, exact(mlp.gate_proj, mlp.up_proj), vnni, gated is not None
+                ),
                 down=_Linear(
                     mlp.down_proj.weight.data,
                     _bias(mlp.down_proj),
@@ -449,20 +458,14 @@ class ModelRunner:
                     exact(mlp.down_proj),
                     vnni,
                 ),
+                gated=gated,
             )
-            inter = mlp.gate_proj.out_features
-            if vnni is not None and bgu is None:
-                lw.gated = _VnniGatedUp.build(vnni, wgu, inter)
-            elif pack and native and self.dtype == torch.bfloat16 and bgu is None:
-                lw.gated = _GatedUp.build(wgu, inter)
             del wqkv, wgu  # the _Linear and the modules' views hold them; _release may free them now
             if release_weights:
                 _release(lw.qkv, loaded, attn.q_proj, attn.k_proj, attn.v_proj)
                 _release(lw.o, loaded, attn.o_proj)
                 _release(lw.gate_up, loaded, mlp.gate_proj, mlp.up_proj)
                 _release(lw.down, loaded, mlp.down_proj)
-            if lw.gated is not None:
-                lw.gate_up.drop_packed()  # every step the few-rows kernels do not take goes to the gated form
             if release_weights:
                 # The freed weights lie between live chunks of the heap, where glibc neither reuses them for the
                 # next layer's packed copies nor returns them by itself: without this the build climbed ~350 MB

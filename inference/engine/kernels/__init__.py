@@ -6,9 +6,10 @@ bandwidth; the engine uses it for one-sequence decode steps), :func:`linear_bloc
 same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`),
 :func:`linear_vnni` (``linear_vnni.c``: bf16 ``x @ W.T`` for any number of rows on AVX512-BF16 CPUs, the weight packed
 for vdpbf16ps, optionally with LlamaMLP's SiLU-and-multiply as its epilogue)
-and :func:`elementwise` (``elementwise.c``: a layer's RMSNorm and SiLU-and-multiply in one call each) and
+and :func:`elementwise` (``elementwise.c``: a layer's RMSNorm and SiLU-and-multiply in one call each, and the greedy
+argmax) and
 :func:`rope_cache` (``rope_cache.c``: RoPE of the queries and keys with the keys and values written into the cache)
-and :func:`prefill_attention` (``prefill_attention.c``: causal attention of a step's prefill chunks, tiled). Nothing here needs Python or torch headers, so a build takes about a second;
+and :func:`prefill_attention` (``prefill_attention.c``: causal attention of a step's prefill chunks, tiled). Nothing here needs Python or torch headers, so a build takes a couple of seconds (the sources compile side by side);
 the shared object is cached under ``INFERENCE_KERNEL_DIR`` (default ``~/.cache/chatsite/kernels``), named by
 a hash of the source, the flags and the OpenMP runtime it links, and written atomically (concurrent builds by
 several processes are safe). The object links the libgomp torch already loaded, so the kernel's parallel

@@ -133,7 +133,7 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, const 
     }
 }
 
-/* All rows of one column block: `panels` panels from panel p0, output from column col0. */
+/* One register tile of `rows` rows: a case per row count, so that the tile's loops unroll with constant counts. */
 #define ROWS_CASES(P, SW)                                                                                      \
     switch (rows) {                                                                                            \
         case 8: tile(xr, wb, bias, yr, ldy, k, col0, 8, P, SW, pf); break;                                   \
@@ -146,6 +146,7 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, const 
         default: tile(xr, wb, bias, yr, ldy, k, col0, 1, P, SW, pf); break;                                  \
     }
 
+/* All rows of one column block: `panels` panels starting at wb, output from column col0 of y. */
 static void column_block(const uint16_t *x, const uint16_t *wb, const uint16_t *bias, uint16_t *y, int64_t m,
                          int64_t ldy, int64_t k, int64_t col0, int panels, int swiglu, prefetch_t *pf) {
     for (int64_t r0 = 0; r0 < m; r0 += MR) {
