@@ -99,13 +99,14 @@ def wait_replies_finished(ids, timeout: float = 240) -> list[Message]:
     raise TimeoutError([(m.id, m.status) for m in Message.objects.filter(pk__in=ids)])
 
 
-def queue_replies(users, n: int) -> list[int]:
-    """``n`` replies queued through the real service (dispatched to the broker on commit)."""
+def queue_replies(users, n: int, content: str = "Count to {n}.") -> list[int]:
+    """``n`` replies queued through the real service (dispatched to the broker on commit); ``content`` with
+    ``{n}`` replaced by 3, 4, ... for the successive messages."""
     from conversations.generations import reply_request
 
     return [
         reply_request(
-            user=users[i % len(users)], conversation_id=None, content=f"Count to {i + 3}."
+            user=users[i % len(users)], conversation_id=None, content=content.format(n=i + 3)
         ).message.id
         for i in range(n)
     ]
@@ -284,12 +285,16 @@ def test_drained_worker_finishes_its_replies_while_new_ones_go_elsewhere(blue_gr
     workers, _ = blue_green
     blue, green = workers["blue"], workers["green"]
     blue_status = fleet_status("blue")
-    Tier.objects.filter(name="free").update(max_reply_tokens=64)
+    # Replies that stream for seconds: blue must be seen running them (its status is published once a second) and
+    # still be running them when the drain starts. A "Count to N." reply is 12-51 tokens, done in well under a
+    # second on the batched engine, so it could start and end between two status reads; these prompts ran to the
+    # 256-token cap in 35 of 36 tries (the four of them, greedy and sampled at 0.7 and 1.0; the other stopped at 94).
+    Tier.objects.filter(name="free").update(max_reply_tokens=256)
     # Pinned to blue (its version queue), so blue certainly runs them: on the shared queue green or the
     # session's worker could take all four (each prefetches up to its task threads).
     call_command("rollout", MODEL, "--to", "blue", "--percent", "100", "--stable", "green")
     try:
-        first = queue_replies(users, 4)
+        first = queue_replies(users, 4, "Write a long story about lighthouse keeper number {n} and the sea.")
     finally:
         ModelRollout.objects.all().delete()
     deadline = time.monotonic() + 120
