@@ -105,9 +105,9 @@ class _Linear:
     removes that. The packed path is verified against ``F.linear`` at construction and silently
     falls back if the private op is missing or disagrees.
 
-    With ``vnni`` (bf16 on a CPU with AVX512-BF16 and no AMX) the weight is packed for
-    :class:`~inference.engine.kernels.LinearVnni` instead, which then runs every row count the few-rows kernels do
-    not take, in place of oneDNN (2-vCPU Zen 5: a 32-row decode step's projections 16.2 -> ~11 ms).
+    With ``tiled`` (:meth:`ModelRunner._tiled_kernel`: bf16 on a CPU with AVX512-BF16 and no AMX, float32 on AVX2/FMA)
+    the weight is packed for that native register-tile kernel instead, which then runs every row count the few-rows
+    kernels do not take, in place of oneDNN (2-vCPU Zen 5, bf16: a 32-row decode step's projections 16.2 -> ~11 ms).
     """
 
     def __init__(
@@ -118,18 +118,18 @@ class _Linear:
         rows: kernels.LinearRows | None = None,
         blocks: kernels.LinearBlocks | None = None,
         block_weight: block_quant.BlockWeight | None = None,
-        vnni: kernels.LinearVnni | None = None,
+        tiled: kernels.LinearVnni | kernels.LinearFma | None = None,
         gated: bool = False,
     ) -> None:
         self.weight = weight
         self.bias = bias
         #: Rows past the few-rows kernels go to a gated form of this weight (:class:`_GatedUp`,
-        #: :class:`_VnniGatedUp`), so no packed copy is made.
+        #: :class:`_TiledGatedUp`), so no packed copy is made.
         self.gated = gated
         self.packed: torch.Tensor | None = None
-        self.vnni = vnni if vnni is not None and vnni.supports(weight) and not gated else None
-        self.vnni_weight = self.vnni.pack(weight) if self.vnni is not None else None
-        if pack and self.vnni is None and not gated:
+        self.tiled = tiled if tiled is not None and tiled.supports(weight) and not gated else None
+        self.tiled_weight = self.tiled.pack(weight) if self.tiled is not None else None
+        if pack and self.tiled is None and not gated:
             self.packed = _try_pack(weight, bias)
         # A decode step of one sequence: the native kernel streams the weights at memory bandwidth.
         self.rows = rows if rows is not None and rows.supports(weight) else None
@@ -148,8 +148,8 @@ class _Linear:
     @property
     def covered(self) -> bool:
         """``True`` when every row count runs without the float weight: the GGUF blocks up to
-        ``LinearBlocks.USE_UP_TO_ROWS`` rows, the VNNI- or oneDNN-packed copy (or the gated form) beyond."""
-        large = self.packed is not None or self.vnni_weight is not None or self.gated
+        ``LinearBlocks.USE_UP_TO_ROWS`` rows, the tile-packed or oneDNN-packed copy (or the gated form) beyond."""
+        large = self.packed is not None or self.tiled_weight is not None or self.gated
         return large and self.blocks is not None
 
     def small(self, rows: int) -> bool:
@@ -163,8 +163,8 @@ class _Linear:
             return self.blocks(x.contiguous(), self.block_weight, self.bias)
         if self.rows is not None and 0 < x.shape[0] <= self.rows.USE_UP_TO_ROWS:
             return self.rows(x.contiguous(), self.weight, self.bias)
-        if self.vnni_weight is not None:
-            return self.vnni(x.contiguous(), self.vnni_weight, self.bias)
+        if self.tiled_weight is not None:
+            return self.tiled(x.contiguous(), self.tiled_weight, self.bias)
         if self.packed is not None:
             return _bucketed(x, lambda rows: _onednn_linear(rows, self.packed, self.bias))
         return F.linear(x, self.weight, self.bias)
@@ -223,26 +223,29 @@ class _GatedUp:
         return _bucketed(x, matmuls)
 
 
-class _VnniGatedUp:
-    """``silu(x @ Wg.T) * (x @ Wu.T)``, ``[m, k] -> [m, I]``, in one pass of the native VNNI kernel: gate and up
-    panels packed side by side, the activation taken on the float32 sums (as :class:`_GatedUp` does with oneDNN's
-    post-ops). 2-vCPU Zen 5, one layer of the default model: 32 rows 0.23 ms with oneDNN's gated form, 0.17 as a
-    VNNI matmul and ``silu_mul``, 0.14-0.16 fused; 512 rows 2.5-2.6, 2.6-3.3 and 2.0-2.4.
+class _TiledGatedUp:
+    """``silu(x @ Wg.T) * (x @ Wu.T)``, ``[m, k] -> [m, I]``, in one pass of a native register-tile kernel
+    (:class:`~inference.engine.kernels.LinearVnni` in bf16, :class:`~inference.engine.kernels.LinearFma` in float32):
+    gate and up panels packed side by side, the activation taken on the float32 sums (as :class:`_GatedUp` does with
+    oneDNN's post-ops). 2-vCPU Zen 5, bf16, one layer of the default model: 32 rows 0.23 ms with oneDNN's gated form,
+    0.17 as a VNNI matmul and ``silu_mul``, 0.14-0.16 fused; 512 rows 2.5-2.6, 2.6-3.3 and 2.0-2.4.
     """
 
-    def __init__(self, vnni: kernels.LinearVnni, weight: torch.Tensor) -> None:
-        self.vnni = vnni
-        self.packed = vnni.pack(weight, swiglu=True)
+    def __init__(self, tiled: kernels.LinearVnni | kernels.LinearFma, weight: torch.Tensor) -> None:
+        self.tiled = tiled
+        self.packed = tiled.pack(weight, swiglu=True)
 
     @classmethod
-    def build(cls, vnni: kernels.LinearVnni, weight: torch.Tensor, inter: int) -> _VnniGatedUp | None:
+    def build(
+        cls, tiled: kernels.LinearVnni | kernels.LinearFma, weight: torch.Tensor, inter: int
+    ) -> _TiledGatedUp | None:
         """From the fused ``[2I, k]`` gate/up weight; ``None`` when the kernel does not take its shape."""
-        if weight.shape[0] != 2 * inter or not vnni.supports(weight, swiglu=True):
+        if weight.shape[0] != 2 * inter or not tiled.supports(weight, swiglu=True):
             return None
-        return cls(vnni, weight)
+        return cls(tiled, weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.vnni(x.contiguous(), self.packed, None, swiglu=True)
+        return self.tiled(x.contiguous(), self.packed, None, swiglu=True)
 
 
 def _try_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -268,7 +271,7 @@ class _Layer:
     gate_up: _Linear
     down: _Linear
     #: bf16: gate/up and the activation for every step the few-rows kernels do not take.
-    gated: _GatedUp | _VnniGatedUp | None = None
+    gated: _GatedUp | _TiledGatedUp | None = None
 
 
 def _release(linear: _Linear | None, loaded: dict[int, torch.Tensor], *modules: Any) -> None:
@@ -393,11 +396,7 @@ class ModelRunner:
         native = native_kernels and self.device.type == "cpu"
         rows = kernels.linear_rows() if native else None
         blocks = kernels.linear_blocks() if native else None
-        # The VNNI kernel where it was measured faster than oneDNN: AVX512-BF16 without AMX tiles (where oneDNN's
-        # bf16 matmuls run on the tiles; not measured against it).
-        vnni = (
-            kernels.linear_vnni() if native and self.dtype == torch.bfloat16 and not cpu_has_amx() else None
-        )
+        tiled = self._tiled_kernel(native)
         self.elementwise = kernels.elementwise() if native else None
         #: The greedy argmax of the logits (``[R, V] -> [R]``) when the native kernel is there, else ``None``.
         self.argmax = self.elementwise.argmax if self.elementwise is not None else None
@@ -432,22 +431,22 @@ class ModelRunner:
             wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
             inter = mlp.gate_proj.out_features
-            gated: _GatedUp | _VnniGatedUp | None = None
-            if vnni is not None and bgu is None:
-                gated = _VnniGatedUp.build(vnni, wgu, inter)
+            gated: _GatedUp | _TiledGatedUp | None = None
+            if tiled is not None and bgu is None:
+                gated = _TiledGatedUp.build(tiled, wgu, inter)
             elif pack and native and self.dtype == torch.bfloat16 and bgu is None:
                 gated = _GatedUp.build(wgu, inter)
             lw = _Layer(
                 ln1=layer.input_layernorm.weight.data,
                 qkv=_Linear(
-                    wqkv, bqkv, pack, rows, blocks, exact(attn.q_proj, attn.k_proj, attn.v_proj), vnni
+                    wqkv, bqkv, pack, rows, blocks, exact(attn.q_proj, attn.k_proj, attn.v_proj), tiled
                 ),
                 o=_Linear(
-                    attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks, exact(attn.o_proj), vnni
+                    attn.o_proj.weight.data, _bias(attn.o_proj), pack, rows, blocks, exact(attn.o_proj), tiled
                 ),
                 ln2=layer.post_attention_layernorm.weight.data,
                 gate_up=_Linear(
-                    wgu, bgu, pack, rows, blocks, exact(mlp.gate_proj, mlp.up_proj), vnni, gated is not None
+                    wgu, bgu, pack, rows, blocks, exact(mlp.gate_proj, mlp.up_proj), tiled, gated is not None
                 ),
                 down=_Linear(
                     mlp.down_proj.weight.data,
@@ -456,7 +455,7 @@ class ModelRunner:
                     rows,
                     blocks,
                     exact(mlp.down_proj),
-                    vnni,
+                    tiled,
                 ),
                 gated=gated,
             )
@@ -478,7 +477,7 @@ class ModelRunner:
         # A tied lm_head is saved under the embedding's name only.
         head_blocks = exact(model.lm_head) or (exact(embed_tokens) if tied else None)
         self.lm_head = _Linear(
-            model.lm_head.weight.data, _bias(model.lm_head), pack, rows, blocks, head_blocks, vnni
+            model.lm_head.weight.data, _bias(model.lm_head), pack, rows, blocks, head_blocks, tiled
         )
         #: The embedding as GGUF blocks when its float copy was released (rows dequantized per lookup).
         self.embed_blocks: block_quant.BlockWeight | None = None
@@ -521,6 +520,21 @@ class ModelRunner:
         self._zero = torch.tensor(0.0, dtype=self.dtype, device=self.device)
 
     # ------------------------------------------------------------------ helpers
+    def _tiled_kernel(self, native: bool) -> kernels.LinearVnni | kernels.LinearFma | None:
+        """The native register-tile linear kernel for this dtype where it was measured faster than oneDNN, else ``None``.
+
+        bf16: :class:`~inference.engine.kernels.LinearVnni` on CPUs with AVX512-BF16 and no AMX tiles (with AMX,
+        oneDNN's bf16 matmuls run on the tiles; not measured against it). float32:
+        :class:`~inference.engine.kernels.LinearFma` on CPUs with AVX2 and FMA (README, Performance, round 11).
+        """
+        if not native:
+            return None
+        if self.dtype == torch.bfloat16 and not cpu_has_amx():
+            return kernels.linear_vnni()
+        if self.dtype == torch.float32:
+            return kernels.linear_fma()
+        return None
+
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, cast back, then the weight
         # multiply in the model dtype. F.rms_norm without weight is the same float32 math in one

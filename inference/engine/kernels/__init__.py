@@ -5,7 +5,8 @@ slot KV cache) and :func:`linear_rows` (``linear_rows.c``: ``x @ W.T`` for a few
 bandwidth; the engine uses it for one-sequence decode steps), :func:`linear_blocks` (``linear_blocks.c``: the
 same for the rows of a decode step with the weight in GGUF Q4_1/Q8_0 block form, see :mod:`inference.engine.block_quant`),
 :func:`linear_vnni` (``linear_vnni.c``: bf16 ``x @ W.T`` for any number of rows on AVX512-BF16 CPUs, the weight packed
-for vdpbf16ps, optionally with LlamaMLP's SiLU-and-multiply as its epilogue)
+for vdpbf16ps, optionally with LlamaMLP's SiLU-and-multiply as its epilogue), :func:`linear_fma` (``linear_fma.c``:
+its float32 twin for AVX2/FMA CPUs)
 and :func:`elementwise` (``elementwise.c``: a layer's RMSNorm and SiLU-and-multiply in one call each, and the greedy
 argmax) and
 :func:`rope_cache` (``rope_cache.c``: RoPE of the queries and keys with the keys and values written into the cache)
@@ -38,12 +39,13 @@ from typing import Any
 import torch
 
 from ..threads import loaded_libgomp_paths
-from .linear import LinearBlocks, LinearRows, LinearVnni
+from .linear import LinearBlocks, LinearFma, LinearRows, LinearVnni
 
 __all__ = [
     "DecodeAttention",
     "Elementwise",
     "LinearBlocks",
+    "LinearFma",
     "LinearRows",
     "LinearVnni",
     "PrefillAttention",
@@ -59,6 +61,7 @@ _SOURCES = tuple(
         "linear_rows.c",
         "linear_blocks.c",
         "linear_vnni.c",
+        "linear_fma.c",
         "elementwise.c",
         "rope_cache.c",
         "prefill_attention.c",
@@ -457,6 +460,13 @@ def linear_vnni() -> LinearVnni | None:
     """The native VNNI-packed bf16 linear kernel, built on first use; ``None`` when it cannot be had (warned once) or
     this CPU has no AVX512-BF16."""
     kernel = _bind(LinearVnni)
+    return kernel if kernel is not None and kernel.available else None
+
+
+def linear_fma() -> LinearFma | None:
+    """The native panel-packed float32 linear kernel, built on first use; ``None`` when it cannot be had (warned once)
+    or this CPU has no AVX2 and FMA."""
+    kernel = _bind(LinearFma)
     return kernel if kernel is not None and kernel.available else None
 
 

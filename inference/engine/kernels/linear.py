@@ -1,5 +1,5 @@
 """The linear-layer kernels' ctypes bindings: :class:`LinearRows` (``linear_rows.c``), :class:`LinearBlocks`
-(``linear_blocks.c``) and :class:`LinearVnni` (``linear_vnni.c``). Built and loaded with the other kernels by
+(``linear_blocks.c``), :class:`LinearVnni` (``linear_vnni.c``) and :class:`LinearFma` (``linear_fma.c``). Built and loaded with the other kernels by
 :mod:`inference.engine.kernels`, whose factories (``linear_rows()`` ...) return them bound to the library.
 """
 
@@ -143,62 +143,71 @@ class LinearBlocks:
         return y
 
 
-class LinearVnni:
-    """``linear_vnni.c`` bound with ctypes: ``y = x @ W.T (+ bias)`` in bf16 for any number of rows, with ``W`` packed
-    once in vdpbf16ps's VNNI layout (:meth:`pack`); or, packed with ``swiglu=True``, LlamaMLP's
-    ``silu(x @ Wg.T) * (x @ Wu.T)`` from the fused ``[gate; up]`` weight in one pass.
+class _PackedLinear:
+    """What the packed register-tile kernels (``linear_vnni.c``, ``linear_fma.c``) share: ``y = x @ W.T (+ bias)`` for
+    any number of rows with ``W`` packed once in the kernel's panel layout (:meth:`pack`); or, packed with
+    ``swiglu=True``, LlamaMLP's ``silu(x @ Wg.T) * (x @ Wu.T)`` from the fused ``[gate; up]`` weight in one pass.
 
-    A register-blocked micro-kernel (BLIS; oneDNN's brgemm) that reads each weight once from DRAM per call and
-    prefetches the next column block while computing one. On a 2-vCPU Zen 5 (AVX512-BF16, no AMX) it runs the default
-    model's projections at 32 rows in 10.2-11.9 ms against oneDNN's 16.2, and at 512 rows ~10 % faster (the file's
-    header has the figures). Only for CPUs with AVX512-BF16: :func:`inference.engine.kernels.linear_vnni` is ``None``
-    elsewhere.
+    Both are the register-blocked micro-kernel of BLIS (Goto & van de Geijn, 2008; oneDNN's brgemm), reading each
+    weight once from DRAM per call and prefetching the next column block while computing one. Subclasses name the
+    dtype, the entry points and the shapes they take.
 
-    Call with ``x`` ``[m, k]`` (bfloat16, contiguous, ``m >= 0``), the packed weight (``[n, k]``, from :meth:`pack`) and ``bias``
-    ``[n]`` or ``None``; returns ``[m, n]``, or ``[m, n / 2]`` with ``swiglu``. Sums in float32.
+    Call with ``x`` ``[m, k]`` (the kernel's dtype, contiguous, ``m >= 0``), the packed weight (``[n, k]``, from
+    :meth:`pack`) and ``bias`` ``[n]`` or ``None``; returns ``[m, n]``, or ``[m, n / 2]`` with ``swiglu``. Sums in
+    float32.
 
     Raises:
         ValueError: a dtype, shape or layout the kernel does not take.
     """
 
+    #: The dtype of x, the weight, the bias and y.
+    dtype: torch.dtype
+    #: Output columns per panel (``n`` must be a multiple; twice that with ``swiglu``).
+    panel: int
+    #: ``k`` must be a multiple of this.
+    k_multiple: int
+    #: Entry points in the library: the matmul and the packer.
+    entry: str
+    pack_entry: str
+
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.linear_vnni_bf16
+        self._fn = getattr(lib, self.entry)
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._pack = lib.vnni_pack_bf16
+        self._pack = getattr(lib, self.pack_entry)
         self._pack.restype = None
         self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
 
     @property
     def available(self) -> bool:
-        """Whether the library was built with AVX512-BF16 (``False``: every call would be refused)."""
-        probe = torch.zeros((1, 16), dtype=torch.bfloat16)
-        out = torch.empty((1, 16), dtype=torch.bfloat16)
+        """Whether the library was built with the instructions the kernel needs (``False``: every call is refused)."""
+        probe = torch.zeros((1, 16), dtype=self.dtype)
+        out = torch.empty((1, 16), dtype=self.dtype)
         return self._fn(probe.data_ptr(), probe.data_ptr(), None, out.data_ptr(), 1, 16, 16, 0) == 0
 
-    @staticmethod
-    def supports(weight: torch.Tensor, swiglu: bool = False) -> bool:
-        """Whether :meth:`pack` takes ``weight``: bf16 ``[n, k]`` on CPU, ``n`` a multiple of 16 (32 with ``swiglu``),
-        ``k`` even."""
+    @classmethod
+    def supports(cls, weight: torch.Tensor, swiglu: bool = False) -> bool:
+        """Whether :meth:`pack` takes ``weight``: ``[n, k]`` of the kernel's dtype on CPU, ``n`` a multiple of the
+        panel width (twice that with ``swiglu``), ``k`` a multiple of ``k_multiple``."""
         return (
-            weight.dtype == torch.bfloat16
+            weight.dtype == cls.dtype
             and weight.dim() == 2
             and weight.device.type == "cpu"
-            and weight.shape[0] % (32 if swiglu else 16) == 0
+            and weight.shape[0] % (2 * cls.panel if swiglu else cls.panel) == 0
             and weight.shape[0] > 0
-            and weight.shape[1] % 2 == 0
+            and weight.shape[1] % cls.k_multiple == 0
             and weight.shape[1] > 0
         )
 
     def pack(self, weight: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        """``weight`` ``[n, k]`` in the kernel's layout (a new ``[n, k]`` tensor): panels of 16 output columns, each
-        ``[k / 2, 16, 2]``; with ``swiglu`` (``weight`` = ``[gate; up]``) gate and up panels alternate.
+        """``weight`` ``[n, k]`` in the kernel's layout (a new ``[n, k]`` tensor); with ``swiglu`` (``weight`` =
+        ``[gate; up]``) gate and up panels alternate.
 
         Raises:
             ValueError: a weight :meth:`supports` refuses.
         """
         if not self.supports(weight, swiglu):
-            raise ValueError("linear_vnni: unsupported weight dtype, shape or device")
+            raise ValueError(f"{self.entry}: unsupported weight dtype, shape or device")
         weight = weight.contiguous()
         out = torch.empty_like(weight)
         self._pack(weight.data_ptr(), out.data_ptr(), weight.shape[0], weight.shape[1], int(swiglu))
@@ -210,15 +219,15 @@ class LinearVnni:
         m, k = x.shape
         n = packed.shape[0]
         if (
-            x.dtype != torch.bfloat16
-            or packed.dtype != torch.bfloat16
+            x.dtype != self.dtype
+            or packed.dtype != self.dtype
             or packed.shape[1] != k
             or not (x.is_contiguous() and packed.is_contiguous())
             or x.device.type != "cpu"
             or not _bias_fits(bias, x.dtype, n)
             or (swiglu and bias is not None)
         ):
-            raise ValueError("linear_vnni: unsupported dtype, shape or layout")
+            raise ValueError(f"{self.entry}: unsupported dtype, shape or layout")
         y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype)
         if m == 0:  # e.g. the lm_head of a step whose prefill chunks all end before their prompt does
             return y
@@ -233,5 +242,36 @@ class LinearVnni:
             int(swiglu),
         )
         if code:
-            raise ValueError(f"linear_vnni: kernel refused the call (code {code})")
+            raise ValueError(f"{self.entry}: kernel refused the call (code {code})")
         return y
+
+
+class LinearVnni(_PackedLinear):
+    """``linear_vnni.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in bf16, the weight in
+    vdpbf16ps's VNNI layout (panels of 16 output columns, each ``[k / 2, 16, 2]``).
+
+    On a 2-vCPU Zen 5 (AVX512-BF16, no AMX) it runs the default model's projections at 32 rows in 10.2-11.9 ms against
+    oneDNN's 16.2, and at 512 rows ~10 % faster (the file's header has the figures). Only for CPUs with AVX512-BF16:
+    :func:`inference.engine.kernels.linear_vnni` is ``None`` elsewhere.
+    """
+
+    dtype = torch.bfloat16
+    panel = 16
+    k_multiple = 2
+    entry = "linear_vnni_bf16"
+    pack_entry = "vnni_pack_bf16"
+
+
+class LinearFma(_PackedLinear):
+    """``linear_fma.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the
+    weight in panels of 8 output columns, each ``[k, 8]`` (6 x 16 register tiles, BLIS's haswell sgemm shape).
+
+    Only for CPUs with AVX2 and FMA: :func:`inference.engine.kernels.linear_fma` is ``None`` elsewhere. The file's
+    header and README (Performance) have the figures against oneDNN.
+    """
+
+    dtype = torch.float32
+    panel = 8
+    k_multiple = 1
+    entry = "linear_fma_f32"
+    pack_entry = "fma_pack_f32"

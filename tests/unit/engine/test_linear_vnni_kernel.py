@@ -148,9 +148,9 @@ def test_a_bf16_runner_takes_every_large_step_through_the_kernel(kernel, tiny_lo
     )
     runner = ModelRunner(copy.deepcopy(model).to(torch.bfloat16), kv, max_positions=64)
     linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "down"))]
-    assert all(linear.vnni_weight is not None and linear.packed is None for linear in linears)
-    assert all(type(lw.gated).__name__ == "_VnniGatedUp" for lw in runner.layers)
-    assert all(lw.gate_up.vnni_weight is None and lw.gate_up.packed is None for lw in runner.layers)
+    assert all(linear.tiled_weight is not None and linear.packed is None for linear in linears)
+    assert all(type(lw.gated).__name__ == "_TiledGatedUp" for lw in runner.layers)
+    assert all(lw.gate_up.tiled_weight is None and lw.gate_up.packed is None for lw in runner.layers)
 
     tokens = list(range(300, 340))
     batch = StepBatch(

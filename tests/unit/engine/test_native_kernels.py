@@ -206,6 +206,7 @@ def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_pa
         "linear_rows_f32",
         "linear_q4_1_bf16",
         "linear_vnni_bf16",
+        "linear_fma_f32",
         "argmax_f32",
     ):
         assert hasattr(lib, symbol)

@@ -127,13 +127,12 @@ def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loade
         )
         return ModelRunner(copy.deepcopy(model).to(dtype), kv, max_positions=64)
 
-    assert all(
-        layer.gated is None for layer in build(torch.float32).layers
-    )  # float32 keeps torch's roundings
+    # float32 never takes oneDNN's gated form: the native float32 kernel's (test_linear_fma_kernel.py) or none
+    assert all(type(layer.gated).__name__ != "_GatedUp" for layer in build(torch.float32).layers)
     bf16 = build(torch.bfloat16)
-    # (the gated form is _VnniGatedUp on CPUs with AVX512-BF16 and no AMX: test_linear_vnni_kernel.py)
+    # (the gated form is _TiledGatedUp on CPUs with AVX512-BF16 and no AMX: test_linear_vnni_kernel.py)
     assert all(layer.gated is not None for layer in bf16.layers)
-    assert all(layer.gate_up.packed is None and layer.gate_up.vnni_weight is None for layer in bf16.layers)
+    assert all(layer.gate_up.packed is None and layer.gate_up.tiled_weight is None for layer in bf16.layers)
     # The bf16 runner through the gated form against the float32 model's logits.
     tokens = list(range(300, 340))
     batch = StepBatch(

@@ -1,0 +1,192 @@
+/* y = x @ W^T (+ bias) in float32 on AVX2/FMA CPUs, for the row counts past the few-rows kernels: decode steps of
+ * many sequences and prefill chunks.
+ *
+ * Built with the other kernels (see inference/engine/kernels/__init__.py). The float32 twin of linear_vnni.c: a
+ * decode step of 32 sequences multiplies 32 rows by every weight of the model once (8.6 GFLOP over 540 MB for
+ * the default model), which on a 2-vCPU AVX2 CPU is bound by the two cores' FMA units, not by memory. The
+ * register-blocked micro-kernel of BLIS (Goto & van de Geijn, "Anatomy of high-performance matrix
+ * multiplication", 2008; BLIS's haswell sgemm kernel is 6 x 16), with the weight read from DRAM once per call:
+ *   - the weight is packed once at load time in panels of 8 output columns, each [k][8] (one ymm per k), so a
+ *     tile's weight loads are sequential (fma_pack_f32; torch gives the same with w.view(n/8, 8, k).transpose(1, 2));
+ *   - a thread owns a contiguous range of column blocks of NB = 2 panels (16 columns); for each block it runs the
+ *     rows in blocks of MR = 6, each keeping its 6 x 16 float32 sums in 12 ymm registers over all of k (x
+ *     broadcast from memory; 2 weight loads and 12 FMAs per k). The first row block brings the block's weights in
+ *     from DRAM, the others read them from L1/L2;
+ *   - rows are taken MC at a time (all of a thread's blocks for one chunk of rows, then the next chunk), so that a
+ *     long prefill's rows stay in L2 while they meet every column block;
+ *   - while a block computes, it prefetches the thread's next block into L2 (prefetcht1).
+ *
+ * Layouts (contiguous): x [m, k] float32, wp the packed weight (n * k floats), bias [n] or NULL, y [m, n].
+ * Sums over k in order, one FMA per product (so results differ from oneDNN's and MKL's by float rounding).
+ * With swiglu set, LlamaMLP's act(gate) * up comes out instead: wp is the fused [gate; up] weight (n = 2I) packed
+ * with swiglu set, which interleaves gate panel j and up panel j; each column block is those two panels, and y is
+ * [m, I] with y[:, c] = silu(g[:, c]) * u[:, c] taken on the sums (no bias).
+ * Returns 0; 1 when the shape is not taken (m < 1, k < 1, n not a multiple of 8 (16 with swiglu), a bias with
+ * swiglu); 2 when the object was built for a CPU without AVX2 and FMA (the caller keeps oneDNN).
+ */
+#include <omp.h>
+#include <stdint.h>
+
+#define PANEL 8 /* output columns per panel: one ymm of float32 sums */
+#define NB 2    /* panels per column block */
+#define MR 6    /* rows per register block */
+#define MC 96   /* rows per chunk: 96 x 1536 floats = 590 KB, within a Zen core's L2 */
+
+/* Pack w [n, k] (torch's Linear weight) into panels [n / 8][k][8]; n a multiple of 8 (16 with swiglu).
+ * swiglu: w is [gate; up] and panel 2j of out is gate panel j, panel 2j + 1 up panel j. */
+void fma_pack_f32(const float *w, float *out, int64_t n, int64_t k, int swiglu) {
+    const int64_t panels = n / PANEL;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t from = swiglu ? (p % 2) * (panels / 2) + p / 2 : p;
+        for (int64_t j = 0; j < k; j++)
+            for (int64_t c = 0; c < PANEL; c++) out[(p * k + j) * PANEL + c] = w[(from * PANEL + c) * k + j];
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* Where the thread's next column block starts and how many of its cache lines to prefetch per k. */
+typedef struct {
+    const char *next, *end;
+    int lines;
+} prefetch_t;
+
+/* glibc's libmvec expf for 8 floats (what GCC calls for an AVX2-vectorised expf loop; linked with -lmvec). */
+__m256 _ZGVdN8v_expf(__m256 x);
+
+/* silu(g) * u = g / (1 + exp(-g)) * u on 8 sums; 0 where g < -88 (silu's limit; there exp(-g) would overflow,
+ * and under -ffast-math GCC divides by a reciprocal estimate and a Newton step, which makes 1 / inf NaN). */
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 live = _mm256_cmp_ps(g, _mm256_set1_ps(-88.f), _CMP_GE_OQ);
+    const __m256 e = _ZGVdN8v_expf(_mm256_and_ps(live, _mm256_sub_ps(_mm256_setzero_ps(), g)));
+    return _mm256_and_ps(live, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u));
+}
+
+/* The sums of `rows` rows of x against `panels` panels of wp over all of k, kept in registers (rows x panels
+ * ymm), then the epilogue: bias and output at column col0 of y (row stride ldy), or with swiglu (panels == 2:
+ * gate, up) the 8 activations. Prefetches pf->lines cache lines of the next block per k. */
+static inline __attribute__((always_inline)) void tile(const float *x, const float *wp, const float *bias, float *y,
+                                                       int64_t ldy, int64_t k, int64_t col0, const int rows,
+                                                       const int panels, const int swiglu, prefetch_t *pf) {
+    __m256 acc[MR][NB];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < NB; c++) acc[r][c] = _mm256_setzero_ps();
+    const int64_t panel_stride = PANEL * k; /* floats per panel */
+    const char *p = pf->next;
+    for (int64_t j = 0; j < k; j++) {
+        __m256 w[NB];
+#pragma GCC unroll 2
+        for (int c = 0; c < NB; c++)
+            if (c < panels) w[c] = _mm256_loadu_ps(wp + c * panel_stride + j * PANEL);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            if (r < rows) {
+                const __m256 xb = _mm256_broadcast_ss(x + r * k + j);
+#pragma GCC unroll 2
+                for (int c = 0; c < NB; c++)
+                    if (c < panels) acc[r][c] = _mm256_fmadd_ps(xb, w[c], acc[r][c]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int l = 0; l < pf->lines; l++) {
+            if (p < pf->end) {
+                _mm_prefetch(p, _MM_HINT_T1);
+                p += 64;
+            }
+        }
+    }
+    pf->next = p;
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) {
+        if (r >= rows) continue;
+        if (swiglu) {
+            _mm256_storeu_ps(y + r * ldy + col0, swiglu8(acc[r][0], acc[r][1]));
+            continue;
+        }
+#pragma GCC unroll 2
+        for (int c = 0; c < NB; c++) {
+            if (c >= panels) continue;
+            __m256 s = acc[r][c];
+            if (bias != NULL) s = _mm256_add_ps(s, _mm256_loadu_ps(bias + col0 + c * PANEL));
+            _mm256_storeu_ps(y + r * ldy + col0 + c * PANEL, s);
+        }
+    }
+}
+
+/* One register tile of `rows` rows: a case per row count, so that the tile's loops unroll with constant counts. */
+#define ROWS_CASES(P, SW)                                                                                      \
+    switch (rows) {                                                                                            \
+        case 6: tile(xr, wb, bias, yr, ldy, k, col0, 6, P, SW, pf); break;                                   \
+        case 5: tile(xr, wb, bias, yr, ldy, k, col0, 5, P, SW, pf); break;                                   \
+        case 4: tile(xr, wb, bias, yr, ldy, k, col0, 4, P, SW, pf); break;                                   \
+        case 3: tile(xr, wb, bias, yr, ldy, k, col0, 3, P, SW, pf); break;                                   \
+        case 2: tile(xr, wb, bias, yr, ldy, k, col0, 2, P, SW, pf); break;                                   \
+        default: tile(xr, wb, bias, yr, ldy, k, col0, 1, P, SW, pf); break;                                  \
+    }
+
+/* Rows [r_lo, r_hi) of one column block: `panels` panels starting at wb, output from column col0 of y. */
+static void column_block(const float *x, const float *wb, const float *bias, float *y, int64_t r_lo, int64_t r_hi,
+                         int64_t ldy, int64_t k, int64_t col0, int panels, int swiglu, prefetch_t *pf) {
+    /* ceil((r_hi - r_lo) / MR) row blocks of near-equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than 5 x 6 and a 2):
+     * a tile of few rows has too few independent sums to cover the FMA latency (4 cycles, 2 units: 8 in flight). */
+    const int64_t total = r_hi - r_lo, nblk = (total + MR - 1) / MR, base = total / nblk, extra = total % nblk;
+    int64_t r0 = r_lo;
+    for (int64_t i = 0; i < nblk; i++) {
+        const int rows = (int)(base + (i < extra));
+        const float *xr = x + r0 * k;
+        float *yr = y + r0 * ldy;
+        if (swiglu) {
+            ROWS_CASES(2, 1)
+        } else if (panels == 2) {
+            ROWS_CASES(2, 0)
+        } else {
+            ROWS_CASES(1, 0)
+        }
+        r0 += rows;
+    }
+}
+
+int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
+                   int swiglu) {
+    if (m < 1 || k < 1 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL)) return 1;
+    const int64_t panels_total = n / PANEL;
+    const int64_t blocks = (panels_total + NB - 1) / NB, ldy = swiglu ? n / 2 : n;
+#pragma omp parallel
+    {
+        /* contiguous ranges of column blocks per thread, so that each knows the next block it will read */
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t lo = blocks * t / nt, hi = blocks * (t + 1) / nt;
+        for (int64_t r_lo = 0; r_lo < m; r_lo += MC) {
+            const int64_t r_hi = m - r_lo < MC ? m : r_lo + MC;
+            const int64_t iters = ((r_hi - r_lo + MR - 1) / MR) * k; /* k steps per column block */
+            for (int64_t b = lo; b < hi; b++) {
+                const int64_t p0 = b * NB;
+                const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
+                prefetch_t pf = {NULL, NULL, 0};
+                if (b + 1 < hi) {
+                    const int64_t left = panels_total - p0 - panels;
+                    const int64_t next_panels = left < NB ? left : NB;
+                    pf.next = (const char *)(wp + (p0 + panels) * PANEL * k);
+                    pf.end = pf.next + next_panels * PANEL * k * 4;
+                    const int64_t lines = next_panels * PANEL * k * 4 / 64;
+                    pf.lines = (int)((lines + iters - 1) / iters);
+                    if (pf.lines > 2) pf.lines = 2;
+                }
+                const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
+                column_block(x, wp + p0 * PANEL * k, bias, y, r_lo, r_hi, ldy, k, col0, panels, swiglu, &pf);
+            }
+        }
+    }
+    return 0;
+}
+#else
+int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
+                   int swiglu) {
+    (void)x, (void)wp, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)swiglu;
+    return 2;
+}
+#endif
