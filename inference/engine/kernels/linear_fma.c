@@ -100,13 +100,23 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
         }
     }
     pf->next = p;
+    if (swiglu) {
+        /* The sums go to memory first: swiglu8 calls libmvec's expf, across which no ymm register survives (all are
+         * caller-saved), so calling it on live accumulators spilled the others around every call. */
+        float g[MR][PANEL], u[MR][PANEL];
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            if (r >= rows) continue;
+            _mm256_storeu_ps(g[r], acc[r][0]);
+            _mm256_storeu_ps(u[r], acc[r][1]);
+        }
+        for (int r = 0; r < rows; r++)
+            _mm256_storeu_ps(y + r * ldy + col0, swiglu8(_mm256_loadu_ps(g[r]), _mm256_loadu_ps(u[r])));
+        return;
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < MR; r++) {
         if (r >= rows) continue;
-        if (swiglu) {
-            _mm256_storeu_ps(y + r * ldy + col0, swiglu8(acc[r][0], acc[r][1]));
-            continue;
-        }
 #pragma GCC unroll 2
         for (int c = 0; c < NB; c++) {
             if (c >= panels) continue;
