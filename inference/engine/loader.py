@@ -83,6 +83,13 @@ def cpu_has_amx() -> bool:
     return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)())
 
 
+def cpu_has_avx512() -> bool:
+    """``True`` when this CPU has AVX-512 (F): there oneDNN's float32 GEMM runs 512-bit FMAs, twice the width of the
+    native float32 kernel's (``kernels/linear_fma.c``), which the runner then leaves to oneDNN."""
+    cpu = getattr(torch, "cpu", None)
+    return bool(getattr(cpu, "_is_avx512_supported", lambda: False)())
+
+
 def compute_dtype(requested: str, device: torch.device, *, fallback: bool = True) -> torch.dtype:
     """The dtype to load and run ``requested`` in on ``device``.
 

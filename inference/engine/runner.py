@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from . import block_quant, kernels, memory
 from .errors import EngineError
 from .kv_cache import KVCache
-from .loader import cpu_has_amx
+from .loader import cpu_has_amx, cpu_has_avx512
 
 _SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -525,13 +525,14 @@ class ModelRunner:
 
         bf16: :class:`~inference.engine.kernels.LinearVnni` on CPUs with AVX512-BF16 and no AMX tiles (with AMX,
         oneDNN's bf16 matmuls run on the tiles; not measured against it). float32:
-        :class:`~inference.engine.kernels.LinearFma` on CPUs with AVX2 and FMA (README, Performance, round 11).
+        :class:`~inference.engine.kernels.LinearFma` on CPUs with AVX2 and FMA but no AVX-512 (README, Performance,
+        round 11); with AVX-512 oneDNN's float32 GEMM is twice as wide as the kernel and keeps the work.
         """
         if not native:
             return None
         if self.dtype == torch.bfloat16 and not cpu_has_amx():
             return kernels.linear_vnni()
-        if self.dtype == torch.float32:
+        if self.dtype == torch.float32 and not cpu_has_avx512():
             return kernels.linear_fma()
         return None
 

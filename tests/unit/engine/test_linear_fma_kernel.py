@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inference.engine import runner as runner_module
 from inference.engine.kernels import linear_fma
 from inference.engine.kv_cache import KVCache
+from inference.engine.loader import cpu_has_avx512
 from inference.engine.runner import ModelRunner, StepBatch
 
 pytestmark = pytest.mark.skipif(
@@ -113,13 +115,19 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(torch.randn(2, 64), packed, torch.randn(16))  # bias of the wrong width
 
 
-def test_a_float32_runner_takes_every_large_step_through_the_kernel(kernel, tiny_loaded):
-    model = tiny_loaded.model
+def float32_runner(model) -> ModelRunner:
     cfg = model.config
     kv = KVCache(
         cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu")
     )
-    runner = ModelRunner(copy.deepcopy(model), kv, max_positions=64)
+    return ModelRunner(copy.deepcopy(model), kv, max_positions=64)
+
+
+def test_a_float32_runner_takes_every_large_step_through_the_kernel(kernel, tiny_loaded):
+    if cpu_has_avx512():
+        pytest.skip("on AVX-512 CPUs the runner keeps oneDNN's float32 GEMM")
+    model = tiny_loaded.model
+    runner = float32_runner(model)
     linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "down"))]
     assert all(linear.tiled_weight is not None and linear.packed is None for linear in linears)
     assert all(type(lw.gated).__name__ == "_TiledGatedUp" for lw in runner.layers)
@@ -133,3 +141,12 @@ def test_a_float32_runner_takes_every_large_step_through_the_kernel(kernel, tiny
         got = runner.forward(batch)[0]  # 40 prompt rows: through the kernel, prefill and lm_head alike
         want = model(torch.tensor([tokens])).logits[0, -1]
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
+
+
+def test_on_an_avx512_cpu_the_float32_runner_keeps_onednn(kernel, tiny_loaded, monkeypatch):
+    # There oneDNN's GEMM is 512 bits wide, the kernel 256: the runner must not pick the kernel.
+    monkeypatch.setattr(runner_module, "cpu_has_avx512", lambda: True)
+    runner = float32_runner(tiny_loaded.model)
+    linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "gate_up", "down"))]
+    assert all(linear.tiled_weight is None and linear.packed is not None for linear in linears)
+    assert all(lw.gated is None for lw in runner.layers)
