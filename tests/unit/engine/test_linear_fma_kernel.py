@@ -147,6 +147,9 @@ def test_on_an_avx512_cpu_the_float32_runner_keeps_onednn(kernel, tiny_loaded, m
     # There oneDNN's GEMM is 512 bits wide, the kernel 256: the runner must not pick the kernel.
     monkeypatch.setattr(runner_module, "cpu_has_avx512", lambda: True)
     runner = float32_runner(tiny_loaded.model)
-    linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "gate_up", "down"))]
+    linears = [
+        runner.lm_head,
+        *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "gate_up", "down")),
+    ]
     assert all(linear.tiled_weight is None and linear.packed is not None for linear in linears)
     assert all(lw.gated is None for lw in runner.layers)
