@@ -8,13 +8,18 @@
  * multiplication", 2008; BLIS's haswell sgemm kernel is 6 x 16), with the weight read from DRAM once per call:
  *   - the weight is packed once at load time in panels of 8 output columns, each [k][8] (one ymm per k), so a
  *     tile's weight loads are sequential (fma_pack_f32; torch gives the same with w.view(n/8, 8, k).transpose(1, 2));
- *   - a thread owns a contiguous range of column blocks of NB = 2 panels (16 columns); for each block it runs the
- *     rows in blocks of MR = 6, each keeping its 6 x 16 float32 sums in 12 ymm registers over all of k (x
- *     broadcast from memory; 2 weight loads and 12 FMAs per k). The first row block brings the block's weights in
- *     from DRAM, the others read them from L1/L2;
- *   - rows are taken MC at a time (all of a thread's blocks for one chunk of rows, then the next chunk), so that a
- *     long prefill's rows stay in L2 while they meet every column block;
- *   - while a block computes, it prefetches the thread's next block into L2 (prefetcht1).
+ *   - a column block is NB = 2 panels (16 columns); its rows run in blocks of at most MR = 6 (of near-equal
+ *     height), each keeping its 6 x 16 float32 sums in 12 ymm registers over all of k (x broadcast from memory;
+ *     2 weight loads and 12 FMAs per k). The first row block brings the block's weights in from DRAM, the others
+ *     read them from L1/L2;
+ *   - the work is cut into items of ITEM_BLOCKS column blocks x MC rows, which the threads take dynamically, row
+ *     chunk by row chunk, so that a long prefill's rows stay in L2 while they meet every column block and a vCPU
+ *     slowed by the host does not hold up the call;
+ *   - while a block computes, it prefetches the item's next block into L2 (prefetcht1).
+ * Measured on a 2-vCPU AMD EPYC with AVX2 only (the two cores' FMA units peak at ~175 GFLOP/s), the default model's
+ * 120 layer projections and lm_head, each layer's weights distinct so they come from DRAM: 32 rows 59-71 ms against
+ * oneDNN's 75-88 (~140 against ~110 GFLOP/s), 512 rows level with oneDNN (977-1011 against 974-983 ms). In the
+ * engine, N=32: decode step 92-97 against 118-125 ms, 32 x 128-token prefill 6.8-7.1 against 7.2-7.7 s.
  *
  * Layouts (contiguous): x [m, k] float32, wp the packed weight (n * k floats), bias [n] or NULL, y [m, n].
  * Sums over k in order, one FMA per product (so results differ from oneDNN's and MKL's by float rounding).
