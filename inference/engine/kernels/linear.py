@@ -266,7 +266,7 @@ class LinearFma(_PackedLinear):
     """``linear_fma.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the
     weight in panels of 8 output columns, each ``[k, 8]`` (6 x 16 register tiles, BLIS's haswell sgemm shape).
 
-    On a 2-vCPU AVX2 EPYC the default model's projections at 32 rows take 59-71 ms against oneDNN's 75-88 (weights from
+    On a 2-vCPU AVX2 EPYC the default model's projections at 32 rows take 59-79 ms against oneDNN's 75-87 (weights from
     DRAM), and 512 rows are level with oneDNN (the file's header; README, Performance, round 11). Only for CPUs with AVX2
     and FMA: :func:`inference.engine.kernels.linear_fma` is ``None`` elsewhere; the runner uses it only without AVX-512.
     """

@@ -17,8 +17,8 @@
  *     slowed by the host does not hold up the call;
  *   - while a block computes, it prefetches the item's next block into L2 (prefetcht1).
  * Measured on a 2-vCPU AMD EPYC with AVX2 only (the two cores' FMA units peak at ~175 GFLOP/s), the default model's
- * 120 layer projections and lm_head, each layer's weights distinct so they come from DRAM: 32 rows 59-71 ms against
- * oneDNN's 75-88 (~140 against ~110 GFLOP/s), 512 rows level with oneDNN (977-1011 against 974-983 ms). In the
+ * 120 layer projections and lm_head, each layer's weights distinct so they come from DRAM: 32 rows 59-79 ms against
+ * oneDNN's 75-87 (~140 against ~110 GFLOP/s), 512 rows level with oneDNN (978-1011 against 974-983 ms). In the
  * engine, N=32: decode step 92-97 against 118-125 ms, 32 x 128-token prefill 6.8-7.1 against 7.2-7.7 s.
  *
  * Layouts (contiguous): x [m, k] float32, wp the packed weight (n * k floats), bias [n] or NULL, y [m, n].
