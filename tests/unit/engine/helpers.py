@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
+
 import numpy as np
+import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
 from inference.engine import FinishEvent, LLMEngine, RequestHandle, SamplingParams, TokenEvent
+
+#: Skips a test (or, as ``pytestmark``, a module) of the native kernels where they cannot be built.
+needs_gcc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
+)
 
 # A divergence between engine and reference is only acceptable at a numeric near-tie.
 NEAR_TIE = 1e-3

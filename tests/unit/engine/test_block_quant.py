@@ -6,8 +6,6 @@ gguf-py's own quantize/dequantize (the package the loader converts GGUF files wi
 """
 
 import copy
-import shutil
-import sys
 from dataclasses import replace
 
 import pytest
@@ -18,11 +16,7 @@ from inference.engine import EngineConfig, LLMEngine
 from inference.engine.block_quant import BlockWeight, dequantize, recover
 from inference.engine.kernels import linear_blocks
 from inference.engine.loader import checkpoint_blocks
-from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens
-
-needs_gcc = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
-)
+from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens, needs_gcc
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])

@@ -4,8 +4,6 @@ its blocks do not divide, it refuses what it does not take, and a float32 runner
 oneDNN for every step past the few-rows kernels."""
 
 import copy
-import shutil
-import sys
 
 import pytest
 import torch
@@ -16,10 +14,9 @@ from inference.engine.kernels import linear_fma
 from inference.engine.kv_cache import KVCache
 from inference.engine.loader import cpu_has_avx512
 from inference.engine.runner import ModelRunner, StepBatch
+from tests.unit.engine.helpers import needs_gcc
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
-)
+pytestmark = needs_gcc
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ it matches F.linear (and LlamaMLP's SiLU-and-multiply) for every row count and t
 it refuses what it does not take, and a bf16 runner on such a CPU uses it in place of oneDNN."""
 
 import copy
-import shutil
-import sys
 from dataclasses import replace
 
 import pytest
@@ -16,11 +14,9 @@ from inference.engine.kernels import linear_vnni
 from inference.engine.kv_cache import KVCache
 from inference.engine.loader import cpu_has_amx
 from inference.engine.runner import ModelRunner, StepBatch
-from tests.unit.engine.helpers import collect
+from tests.unit.engine.helpers import collect, needs_gcc
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
-)
+pytestmark = needs_gcc
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """The native CPU kernels (inference/engine/kernels): they build here, decode attention matches SDPA, the
 few-rows linear matches F.linear, and the engine's greedy output is the same with them and without."""
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,11 +9,9 @@ import torch.nn.functional as F
 
 from inference.engine import SamplingParams
 from inference.engine.kernels import decode_attention, elementwise, linear_rows
-from tests.unit.engine.helpers import collect, greedy_tokens
+from tests.unit.engine.helpers import collect, greedy_tokens, needs_gcc
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
-)
+pytestmark = needs_gcc
 
 
 def reference(q, k_cache, v_cache, slots, lens):

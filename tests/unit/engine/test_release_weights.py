@@ -7,7 +7,6 @@ memory-mapped checkpoint's pages (inference/engine/memory.py).
 """
 
 import copy
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -20,11 +19,8 @@ from inference.engine import EngineConfig, LLMEngine, block_quant
 from inference.engine.errors import EngineError
 from inference.engine.loader import LoadedModel
 from inference.engine.memory import drop_file_pages, trim_heap
-from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens
+from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens, needs_gcc
 
-needs_gcc = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc"
-)
 PROMPTS = [[5 + i, 9, 11 + 2 * i, 40] * (1 + i % 3) for i in range(9)]
 LENGTHS = [4 + 3 * i for i in range(9)]
 
