@@ -73,21 +73,25 @@ def checkpoint_blocks(path: Path) -> dict[str, BlockWeight]:
     return blocks
 
 
+def _torch_cpu_supports(probe: str) -> bool:
+    """What torch's CPU feature probe ``torch.cpu.<probe>()`` says; ``False`` where this torch has no such probe."""
+    cpu = getattr(torch, "cpu", None)
+    return bool(getattr(cpu, probe, lambda: False)())
+
+
 def cpu_has_amx() -> bool:
     """``True`` when this CPU has AMX tiles (Intel Sapphire Rapids and later).
 
     There torch's SDPA runs bf16 flash attention through oneDNN's brgemm ukernel on the tiles, 2-4x faster than the
     native prefill-attention kernel's AVX-512 dot products (see ``runner.AMX_SDPA_MIN_TOKENS``).
     """
-    cpu = getattr(torch, "cpu", None)
-    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+    return _torch_cpu_supports("_is_amx_tile_supported")
 
 
 def cpu_has_avx512() -> bool:
     """``True`` when this CPU has AVX-512 (F): there oneDNN's float32 GEMM runs 512-bit FMAs, twice the width of the
     native float32 kernel's (``kernels/linear_fma.c``), which the runner then leaves to oneDNN."""
-    cpu = getattr(torch, "cpu", None)
-    return bool(getattr(cpu, "_is_avx512_supported", lambda: False)())
+    return _torch_cpu_supports("_is_avx512_supported")
 
 
 def compute_dtype(requested: str, device: torch.device, *, fallback: bool = True) -> torch.dtype:

@@ -270,7 +270,8 @@ class _Layer:
     ln2: torch.Tensor
     gate_up: _Linear
     down: _Linear
-    #: bf16: gate/up and the activation for every step the few-rows kernels do not take.
+    #: gate/up and the activation for every step the few-rows kernels do not take (oneDNN's post-ops in bf16, or a
+    #: native register-tile kernel's epilogue); ``None``: gate_up, then ``silu_mul``.
     gated: _GatedUp | _TiledGatedUp | None = None
 
 
@@ -465,7 +466,6 @@ class ModelRunner:
                 _release(lw.o, loaded, attn.o_proj)
                 _release(lw.gate_up, loaded, mlp.gate_proj, mlp.up_proj)
                 _release(lw.down, loaded, mlp.down_proj)
-            if release_weights:
                 # The freed weights lie between live chunks of the heap, where glibc neither reuses them for the
                 # next layer's packed copies nor returns them by itself: without this the build climbed ~350 MB
                 # over the load (bf16, default model) and fell back only at its end.

@@ -446,6 +446,13 @@ def _bind(kind):
     return kind(lib) if lib is not None else None
 
 
+def _bind_available(kind):
+    """:func:`_bind` for a kernel built only for some CPUs: ``None`` also when this build refuses every call
+    (``kind.available`` false)."""
+    kernel = _bind(kind)
+    return kernel if kernel is not None and kernel.available else None
+
+
 def decode_attention() -> DecodeAttention | None:
     """The native decode-attention kernel, built on first use; ``None`` (warned once) when it cannot be had."""
     return _bind(DecodeAttention)
@@ -459,15 +466,13 @@ def linear_blocks() -> LinearBlocks | None:
 def linear_vnni() -> LinearVnni | None:
     """The native VNNI-packed bf16 linear kernel, built on first use; ``None`` when it cannot be had (warned once) or
     this CPU has no AVX512-BF16."""
-    kernel = _bind(LinearVnni)
-    return kernel if kernel is not None and kernel.available else None
+    return _bind_available(LinearVnni)
 
 
 def linear_fma() -> LinearFma | None:
     """The native panel-packed float32 linear kernel, built on first use; ``None`` when it cannot be had (warned once)
     or this CPU has no AVX2 and FMA."""
-    kernel = _bind(LinearFma)
-    return kernel if kernel is not None and kernel.available else None
+    return _bind_available(LinearFma)
 
 
 def elementwise() -> Elementwise | None:
