@@ -32,6 +32,8 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "tiles.h"
+
 #define PANEL 8 /* output columns per panel: one ymm of float32 sums */
 #define NB 2    /* panels per column block */
 #define MR 6    /* rows per register block */
@@ -52,12 +54,6 @@ void fma_pack_f32(const float *w, float *out, int64_t n, int64_t k, int swiglu) 
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-
-/* Where the thread's next column block starts and how many of its cache lines to prefetch per k. */
-typedef struct {
-    const char *next, *end;
-    int lines;
-} prefetch_t;
 
 /* glibc's libmvec expf for 8 floats (what GCC calls for an AVX2-vectorised expf loop; linked with -lmvec). */
 __m256 _ZGVdN8v_expf(__m256 x);
@@ -97,13 +93,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
                     if (c < panels) acc[r][c] = _mm256_fmadd_ps(xb, w[c], acc[r][c]);
             }
         }
-#pragma GCC unroll 2
-        for (int l = 0; l < pf->lines; l++) {
-            if (p < pf->end) {
-                _mm_prefetch(p, _MM_HINT_T1);
-                p += 64;
-            }
-        }
+        p = prefetch_step(p, pf);
     }
     pf->next = p;
     if (swiglu) {
@@ -174,7 +164,8 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
     const int64_t row_chunks = (m + MC - 1) / MC, col_chunks = (blocks + ITEM_BLOCKS - 1) / ITEM_BLOCKS;
     /* Work items of ITEM_BLOCKS column blocks x one chunk of MC rows, taken dynamically, row chunk by row chunk (so
      * the threads share one chunk of x in L3 at a time): on a shared VM one vCPU is often slowed by the host, and a
-     * static split then made every call wait for it (the N=32 prefill was 5-8 % slower than oneDNN's, which balances). */
+     * static split then made every call wait for it (the N=32 prefill was 5-8 % slower than oneDNN's, which
+     * balances). */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
         const int64_t r_lo = item / col_chunks * MC, r_hi = m - r_lo < MC ? m : r_lo + MC;
@@ -185,13 +176,7 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
             const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
             prefetch_t pf = {NULL, NULL, 0};
             if (b + 1 < hi) { /* the item's next block (the next item may go to the other thread) */
-                const int64_t left = panels_total - p0 - panels;
-                const int64_t next_panels = left < NB ? left : NB;
-                pf.next = (const char *)(wp + (p0 + panels) * PANEL * k);
-                pf.end = pf.next + next_panels * PANEL * k * 4;
-                const int64_t lines = next_panels * PANEL * k * 4 / 64;
-                pf.lines = (int)((lines + iters - 1) / iters);
-                if (pf.lines > 2) pf.lines = 2;
+                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, NB, iters, 2);
             }
             const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
             column_block(x, wp + p0 * PANEL * k, bias, y, r_lo, r_hi, ldy, k, col0, panels, swiglu, &pf);

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "tiles.h"
 
 #define PANEL 16 /* output columns per panel: one zmm of float32 sums */
 #define NB 3     /* panels per column block */
@@ -55,12 +56,6 @@ void vnni_pack_bf16(const uint16_t *w, uint16_t *out, int64_t n, int64_t k, int 
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
-
-/* Where the thread's next column block starts and how many of its cache lines to prefetch per k-pair. */
-typedef struct {
-    const char *next, *end;
-    int lines;
-} prefetch_t;
 
 /* glibc's libmvec expf for 16 floats (what GCC calls for a vectorised expf loop; linked with -lmvec). */
 __m512 _ZGVeN16v_expf(__m512 x);
@@ -103,13 +98,7 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, const 
                     if (c < panels) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xb, w[c]);
             }
         }
-#pragma GCC unroll 4
-        for (int l = 0; l < pf->lines; l++) {
-            if (p < pf->end) {
-                _mm_prefetch(p, _MM_HINT_T1);
-                p += 64;
-            }
-        }
+        p = prefetch_step(p, pf);
     }
     pf->next = p;
 #pragma GCC unroll 8
@@ -181,13 +170,8 @@ int linear_vnni_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias
             const int panels = (int)(panels_total - p0 < per_block ? panels_total - p0 : per_block);
             prefetch_t pf = {NULL, NULL, 0};
             if (b + 1 < hi) {
-                const int64_t left = panels_total - p0 - panels;
-                const int64_t next_panels = left < per_block ? left : per_block;
-                pf.next = (const char *)(wp + (p0 + panels) * PANEL * k);
-                pf.end = pf.next + next_panels * PANEL * k * 2;
-                const int64_t lines = next_panels * PANEL * k * 2 / 64;
-                pf.lines = (int)((lines + iters - 1) / iters);
-                if (pf.lines > 4) pf.lines = 4;
+                pf = next_block_prefetch((const char *)wp, PANEL * k * 2, panels_total, p0, panels, per_block, iters,
+                                         4);
             }
             const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
             column_block(x, wp + p0 * PANEL * k, bias, y, m, ldy, k, col0, panels, swiglu, &pf);
