@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..threads import loaded_libgomp_paths
-from .linear import LinearBlocks, LinearFma, LinearRows, LinearVnni
+from .linear import LinearAmx, LinearBlocks, LinearFma, LinearRows, LinearVnni
 
 __all__ = [
     "DecodeAttention",
@@ -47,6 +47,7 @@ __all__ = [
     "LinearBlocks",
     "LinearFma",
     "LinearRows",
+    "LinearAmx",
     "LinearVnni",
     "PrefillAttention",
     "RopeCache",
@@ -60,6 +61,7 @@ _SOURCES = tuple(
         "decode_attention.c",
         "linear_rows.c",
         "linear_blocks.c",
+        "linear_amx.c",
         "linear_vnni.c",
         "linear_fma.c",
         "elementwise.c",
@@ -461,6 +463,12 @@ def decode_attention() -> DecodeAttention | None:
 def linear_blocks() -> LinearBlocks | None:
     """The native block-quantized linear kernel, built on first use; ``None`` (warned once) when it cannot be had."""
     return _bind(LinearBlocks)
+
+
+def linear_amx() -> LinearAmx | None:
+    """The native block-quantized bf16 linear kernel on AMX tiles, built on first use; ``None`` when it cannot be had
+    (warned once), or this CPU or OS gives no AMX."""
+    return _bind_available(LinearAmx)
 
 
 def linear_vnni() -> LinearVnni | None:

@@ -1,5 +1,5 @@
 """The linear-layer kernels' ctypes bindings: :class:`LinearRows` (``linear_rows.c``), :class:`LinearBlocks`
-(``linear_blocks.c``), :class:`LinearVnni` (``linear_vnni.c``) and :class:`LinearFma` (``linear_fma.c``). Built and loaded with the other kernels by
+(``linear_blocks.c``), :class:`LinearAmx` (``linear_amx.c``), :class:`LinearVnni` (``linear_vnni.c``) and :class:`LinearFma` (``linear_fma.c``). Built and loaded with the other kernels by
 :mod:`inference.engine.kernels`, whose factories (``linear_rows()`` ...) return them bound to the library.
 """
 
@@ -140,6 +140,88 @@ class LinearBlocks:
         )
         if code:
             raise ValueError(f"linear_blocks: kernel refused the call (code {code})")
+        return y
+
+
+class LinearAmx:
+    """``linear_amx.c`` bound with ctypes: bf16 ``y = x @ W.T (+ bias)`` for any number of rows with ``W`` in GGUF block
+    form (:class:`~inference.engine.block_quant.BlockWeight`, Q4_1 or Q8_0), dequantized to bf16 in cache and
+    multiplied on Intel AMX tiles; or, with ``swiglu`` and the fused ``[gate; up]`` weight, LlamaMLP's
+    ``silu(x @ Wg.T) * (x @ Wu.T)``, ``[m, n / 2]``.
+
+    A bf16 decode step of many sequences is bound by the weight bytes it reads; this reads ~5 (Q4_1) or ~8.5 (Q8_0)
+    bits per weight instead of 16, and multiplies exactly the bf16 weights (the float32 dequantized values rounded
+    to nearest even) with float32 sums (the file's header has the layout and sources). Only for CPUs with AMX
+    under a kernel that grants it: :func:`inference.engine.kernels.linear_amx` is ``None`` elsewhere.
+
+    Call with ``x`` ``[m, k]`` bf16 (contiguous, ``m >= 0``), the weight's ``BlockWeight`` (``[n, k]``) and ``bias``
+    ``[n]`` bf16 or ``None`` (``None`` with ``swiglu``).
+
+    Raises:
+        ValueError: a dtype, shape or layout the kernel does not take (:meth:`supports`).
+    """
+
+    #: Rows up to which the engine uses it in place of oneDNN's bf16 matmul (from 2: one row reads the blocks in
+    #: :class:`LinearBlocks`). Measured on a 2-vCPU Xeon with AMX (Performance, round 12).
+    USE_UP_TO_ROWS = 64
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fns = {"q4_1": lib.linear_amx_q4_1, "q8_0": lib.linear_amx_q8_0}
+        for kind, fn in self._fns.items():
+            fn.restype = ctypes.c_int
+            scales = 2 if kind == "q4_1" else 1  # d (and mn)
+            fn.argtypes = (
+                [ctypes.c_void_p] * (4 + scales) + [ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p]
+            )
+        self._available = lib.linear_amx_available
+        self._available.restype = ctypes.c_int
+        self._available.argtypes = []
+
+    @property
+    def available(self) -> bool:
+        """Whether this build has the AMX instructions and the OS lets this process use the tiles."""
+        return bool(self._available())
+
+    @staticmethod
+    def supports(weight: BlockWeight, swiglu: bool = False) -> bool:
+        """Whether the kernel takes ``weight``: ``n`` a multiple of 16 (32 with ``swiglu``), ``k`` of 32."""
+        n, nb = weight.d.shape
+        return n > 0 and nb > 0 and n % (32 if swiglu else 16) == 0
+
+    def __call__(
+        self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None, swiglu: bool = False
+    ) -> torch.Tensor:
+        m, k = x.shape
+        n, nb = weight.d.shape
+        if (
+            x.dtype != torch.bfloat16
+            or nb * QK != k
+            or not self.supports(weight, swiglu)
+            or not x.is_contiguous()
+            or x.device.type != "cpu"
+            or not _bias_fits(bias, x.dtype, n)
+            or (swiglu and bias is not None)
+        ):
+            raise ValueError("linear_amx: unsupported dtype, shape or layout")
+        y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype)
+        if m == 0:
+            return y
+        xpack = torch.empty(-(-m // 16) * 16 * k, dtype=torch.bfloat16)
+        scales = [weight.d.data_ptr()] + ([weight.mn.data_ptr()] if weight.mn is not None else [])
+        code = self._fns[weight.kind](
+            x.data_ptr(),
+            weight.qs.data_ptr(),
+            *scales,
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+            int(swiglu),
+            xpack.data_ptr(),
+        )
+        if code:
+            raise ValueError(f"linear_amx: kernel refused the call (code {code})")
         return y
 
 
