@@ -21,9 +21,9 @@ parameters are re-pointed at views of our fused matrices) and runs the same math
   folding the ``n_rep`` query heads of a KV head into the query-length axis;
 * prefill chunks attend to the slot's cached prefix + the chunk, causally (chunked prefill, Sarathi / vLLM): on CPU
   all chunks of a step in one call of the native tiled kernel (``prefill_attention``, FlashAttention-2 style, key
-  tiles past a query block skipped), except that on CPUs with AMX tiles chunks of ``AMX_SDPA_MIN_TOKENS`` or more
-  go to torch's SDPA (its flash attention runs on the tiles); otherwise one SDPA per chunk with a causal mask offset
-  by the prefix length;
+  tiles past a query block skipped; on CPUs with AMX its products run on the tiles), except that on AMX CPUs where
+  the kernel cannot use them chunks of ``AMX_SDPA_MIN_TOKENS`` or more go to torch's SDPA; otherwise one SDPA per
+  chunk with a causal mask offset by the prefix length;
 * oneDNN matmuls of more than ``ROW_BUCKET`` rows are padded to a multiple of it (bounded primitive cache).
 
 In float32 the greedy tokens match ``model.generate(do_sample=False)`` token for token (tests
@@ -82,8 +82,9 @@ class StepBatch:
 #: is already a multiple, a 1500-token prompt's last 476-row chunk becomes 480 rows).
 ROW_BUCKET = 32
 
-#: On a CPU with AMX tiles, bf16 prefill chunks of at least this many tokens attend through torch's SDPA (GQA, no
-#: K/V copy): its flash-attention kernel multiplies on the tiles via oneDNN's brgemm ukernel. Measured on a 2-vCPU
+#: On a CPU with AMX tiles where the native kernel cannot use them (head size other than 64), bf16 prefill chunks of
+#: at least this many tokens attend through torch's SDPA (GQA, no K/V copy): its flash-attention kernel multiplies on
+#: the tiles via oneDNN's brgemm ukernel. Measured on a 2-vCPU
 #: Xeon with AMX (2026-11-24), one layer: a 1500-token prompt 4.5 ms against the native kernel's 16.0, a 512-token
 #: chunk after 1000 cached tokens 3.5 against 9.0, a 32-token chunk 0.038 against 0.056; below ~32 tokens SDPA's
 #: per-call cost wins back (32 chunks of 16 tokens: 1.0 ms against 0.5), so short chunks stay on the kernel.
@@ -177,13 +178,18 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+def _bucket_rows(m: int) -> int:
+    """``m`` rounded up to a multiple of ``ROW_BUCKET`` when over it (the row count :func:`_bucketed` runs), else ``m``."""
+    return m if m <= ROW_BUCKET or m % ROW_BUCKET == 0 else m + ROW_BUCKET - m % ROW_BUCKET
+
+
 def _bucketed(x: torch.Tensor, matmul: Any) -> torch.Tensor:
     """``matmul(x)`` with ``x`` ``[m, k]`` padded with zero rows to a multiple of ``ROW_BUCKET`` when ``m`` is over it
     (each output row depends on its own input row only, so the padding's rows are dropped)."""
     m = x.shape[0]
-    if m <= ROW_BUCKET or m % ROW_BUCKET == 0:
+    if _bucket_rows(m) == m:
         return matmul(x.contiguous())
-    return matmul(F.pad(x, (0, 0, 0, ROW_BUCKET - m % ROW_BUCKET)))[:m]
+    return matmul(F.pad(x, (0, 0, 0, _bucket_rows(m) - m)))[:m]
 
 
 class _GatedUp:
@@ -528,6 +534,10 @@ class ModelRunner:
                 memory.trim_heap()
             self.layers.append(lw)
         self.intermediate = model.model.layers[0].mlp.gate_proj.out_features
+        #: Steps of up to this many rows run their projections on the AMX kernel (no padding to ROW_BUCKET); 0: none.
+        self.amx_rows = (
+            amx.USE_UP_TO_ROWS if amx is not None and self.layers and self.layers[0].qkv.amx else 0
+        )
         embed_tokens = model.model.embed_tokens
         tied = embed_tokens.weight.data_ptr() == model.lm_head.weight.data_ptr()
         # A tied lm_head is saved under the embedding's name only.
@@ -556,9 +566,11 @@ class ModelRunner:
             self.dtype, head_dim=self.head_dim, n_rep=self.n_rep
         )
         self.prefill_kernel = prefill if supported else None
-        #: Prefill chunks of this many tokens or more use SDPA instead of the native kernel (AMX CPUs, bf16).
+        #: Prefill chunks of this many tokens or more use SDPA instead of the native kernel (AMX CPUs, bf16, when the
+        #: kernel cannot use the tiles itself: its AVX-512 dot products lose to torch's AMX flash attention there).
         self.sdpa_prefill_from: int | None = None
-        if self.prefill_kernel is not None and self.dtype == torch.bfloat16 and cpu_has_amx():
+        amx_cpu = self.dtype == torch.bfloat16 and cpu_has_amx()
+        if self.prefill_kernel is not None and amx_cpu and not self.prefill_kernel.uses_amx(self.head_dim):
             self.sdpa_prefill_from = AMX_SDPA_MIN_TOKENS
         # Same formula and order of float ops as LlamaRotaryEmbedding.forward, evaluated once.
         inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
@@ -601,6 +613,18 @@ class ModelRunner:
             return self.elementwise.rms_norm(x, weight, self.eps)
         h = F.rms_norm(x.float(), self._norm_shape, eps=self.eps)
         return weight * h.to(x.dtype)
+
+    def _add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
+        """``x[:len(delta)] += delta`` in place (the residual add; ``None``: nothing to add), then ``_rms_norm(x)``:
+        one native pass when the kernels are there."""
+        if delta is None:
+            return self._rms_norm(x, weight)
+        if self.elementwise is not None:
+            return self.elementwise.add_rms_norm(x, delta, weight, self.eps)
+        x[: delta.shape[0]].add_(delta)
+        return self._rms_norm(x, weight)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
         # HF: x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1). Here the halves
@@ -647,10 +671,18 @@ class ModelRunner:
         else:
             # In bf16 the rows round to the bf16 weight's values.
             x = block_quant.dequantize(self.embed_blocks, ids).to(self.dtype)
+        # The hidden state carries zero rows up to the next ROW_BUCKET multiple, so the projections fed from it (QKV,
+        # gate/up, down) get bucket-sized inputs without a padded copy each (_bucketed); the pad rows stay zero (no
+        # bias) or at least finite and are never read back. A 1500-token prefill: 120 copies -> 30 (the attention
+        # output for o_proj) + 1.
+        padded = T if T <= self.amx_rows else _bucket_rows(T)
+        if padded != T:
+            x = F.pad(x, (0, 0, 0, padded - T))
         qk_width = (nh + nkv) * hd
+        delta: torch.Tensor | None = None  # the last MLP's output, added to x together with the next norm
         for li, lw in enumerate(self.layers):
-            h = self._rms_norm(x, lw.ln1)
-            qkv = lw.qkv(h)
+            h = self._add_rms_norm(x, delta, lw.ln1)
+            qkv = lw.qkv(h)[:T]
             k_cache, v_cache = kv.k[li], kv.v[li]
             if self.rope_cache is not None:
                 q = self.rope_cache(qkv, self.cos, self.sin_signed, pos, slots, k_cache, v_cache, nh, nkv)
@@ -678,11 +710,9 @@ class ModelRunner:
                         )
                     )
             attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            x.add_(lw.o(attn))
-
-            h = self._rms_norm(x, lw.ln2)
+            h = self._add_rms_norm(x, lw.o(attn), lw.ln2)
             if lw.gated is not None and not lw.gate_up.small(h.shape[0]):
-                x.add_(lw.down(lw.gated(h)))
+                delta = lw.down(lw.gated(h))
                 continue
             gu = lw.gate_up(h)
             if self.elementwise is not None:
@@ -690,8 +720,11 @@ class ModelRunner:
             else:
                 act = F.silu(gu[:, : self.intermediate])
                 act.mul_(gu[:, self.intermediate :])
-            x.add_(lw.down(act))
+            delta = lw.down(act)
 
+        if delta is not None:
+            x.add_(delta)
+        x = x[:T]
         rows = batch.logit_rows
         if len(rows) != T or rows != list(range(T)):
             x = x.index_select(0, torch.tensor(rows, dtype=torch.long, device=dev))

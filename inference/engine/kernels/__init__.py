@@ -210,8 +210,8 @@ class DecodeAttention(_AttentionKernel):
 
 
 class Elementwise:
-    """``elementwise.c`` bound with ctypes: a Llama layer's RMSNorm and SiLU-and-multiply, one call each, and the
-    row-wise argmax of greedy decoding.
+    """``elementwise.c`` bound with ctypes: a Llama layer's RMSNorm (alone or after the residual add) and
+    SiLU-and-multiply, one call each, and the row-wise argmax of greedy decoding.
 
     Both take contiguous CPU tensors of one dtype (float32 or bfloat16) and return new ones; the math and the
     rounding points are torch's (``LlamaRMSNorm``, ``F.silu(gate) * up``), the mean of squares summed in another
@@ -223,6 +223,13 @@ class Elementwise:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._norm = {torch.float32: lib.rms_norm_f32, torch.bfloat16: lib.rms_norm_bf16}
+        self._add_norm = {torch.float32: lib.add_rms_norm_f32, torch.bfloat16: lib.add_rms_norm_bf16}
+        for fn in self._add_norm.values():
+            fn.restype = None
+            fn.argtypes = (
+                [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+            )
+            fn.argtypes += [ctypes.c_float]
         self._silu_mul = {torch.float32: lib.silu_mul_f32, torch.bfloat16: lib.silu_mul_bf16}
         for fn in self._norm.values():
             fn.restype = None
@@ -249,6 +256,29 @@ class Elementwise:
             raise ValueError("rms_norm: unsupported dtype, shape or layout")
         y = torch.empty_like(x)
         fn(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], eps)
+        return y
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """The residual add and the next RMSNorm in one pass: ``x[:d] += delta`` in place (``delta`` ``[d, dim]``,
+        ``d <= rows``, rounded to the dtype as ``add_``), then returns :meth:`rms_norm` of all of ``x``
+        ``[rows, dim]``."""
+        fn = self._add_norm.get(x.dtype)
+        if (
+            fn is None
+            or x.dim() != 2
+            or delta.dim() != 2
+            or delta.shape[1] != x.shape[1]
+            or delta.shape[0] > x.shape[0]
+            or weight.shape != (x.shape[1],)
+            or not (x.dtype == delta.dtype == weight.dtype)
+            or not (x.is_contiguous() and delta.is_contiguous() and weight.is_contiguous())
+            or x.device.type != "cpu"
+        ):
+            raise ValueError("add_rms_norm: unsupported dtype, shape or layout")
+        y = torch.empty_like(x)
+        fn(x.data_ptr(), delta.data_ptr(), delta.shape[0], weight.data_ptr(), y.data_ptr(), *x.shape, eps)
         return y
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -288,6 +318,9 @@ class PrefillAttention(_AttentionKernel):
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {torch.bfloat16: lib.prefill_attention_bf16, torch.float32: lib.prefill_attention_f32}
+        self._amx = lib.prefill_attention_amx
+        self._amx.restype = ctypes.c_int
+        self._amx.argtypes = [ctypes.c_int64]
         for fn in self._fns.values():
             fn.restype = ctypes.c_int
             fn.argtypes = (
@@ -296,6 +329,12 @@ class PrefillAttention(_AttentionKernel):
                 + [ctypes.c_int64] * 6
                 + [ctypes.c_float]
             )
+
+    def uses_amx(self, head_dim: int) -> bool:
+        """Whether bf16 chunks of this head size run on AMX tiles (a CPU with AMX that the OS grants; head size 64):
+        on a 2-vCPU Xeon a 1500-token prompt's attention takes 3.5 ms a layer there against 5.0 in torch's SDPA
+        and 15.7 with the AVX-512 dot products."""
+        return bool(self._amx(head_dim))
 
     def __call__(
         self,

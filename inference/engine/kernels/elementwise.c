@@ -4,6 +4,8 @@
  * ~40 us per call on 2 threads); each is dispatched, allocated and (from torch's grain size up) forked onto
  * the OpenMP pool. These kernels do the same math in one pass per row:
  *   rms_norm:  y = w * (x * rsqrt(mean(x^2) + eps))      (LlamaRMSNorm; the product x * r rounded to T first)
+ *   add_rms_norm: x += d (the residual add, in place), then rms_norm of x: one pass over x instead of two
+ *              (vLLM's fused_add_rms_norm)
  *   silu_mul:  y[t, j] = silu(gu[t, j]) * gu[t, I + j]    (LlamaMLP's act(gate) * up on the fused gate_up)
  *   argmax:    out[t] = the first j with x[t, j] maximal    (greedy decoding; torch.argmax's result, a NaN
  *              counting as the maximum)
@@ -30,19 +32,35 @@ static inline uint32_t f32_bits(float v) {
 }
 #define PARALLEL_MIN 65536 /* elements: below this one thread is faster than forking */
 
+/* One row of RMSNorm: yr = w * (xr * rsqrt(mean(xr^2) + eps)). */
+#define NORM_ROW(LOAD, STORE)                                                                                  \
+    float ss = 0.f;                                                                                           \
+    for (int64_t j = 0; j < dim; j++) {                                                                       \
+        const float v = LOAD(xr[j]);                                                                          \
+        ss += v * v;                                                                                          \
+    }                                                                                                         \
+    const float inv = 1.f / sqrtf(ss / (float)dim + eps);                                                     \
+    for (int64_t j = 0; j < dim; j++) yr[j] = STORE(LOAD(w[j]) * LOAD(STORE(LOAD(xr[j]) * inv)));
+
 #define DEFINE_ELEMENTWISE(SUFFIX, T, LOAD, STORE)                                                          \
     void rms_norm_##SUFFIX(const T *x, const T *w, T *y, int64_t rows, int64_t dim, float eps) {              \
         _Pragma("omp parallel for schedule(static) if (rows * dim >= PARALLEL_MIN)")                          \
         for (int64_t r = 0; r < rows; r++) {                                                                  \
             const T *xr = x + r * dim;                                                                        \
             T *yr = y + r * dim;                                                                              \
-            float ss = 0.f;                                                                                   \
-            for (int64_t j = 0; j < dim; j++) {                                                               \
-                const float v = LOAD(xr[j]);                                                                  \
-                ss += v * v;                                                                                  \
-            }                                                                                                 \
-            const float inv = 1.f / sqrtf(ss / (float)dim + eps);                                             \
-            for (int64_t j = 0; j < dim; j++) yr[j] = STORE(LOAD(w[j]) * LOAD(STORE(LOAD(xr[j]) * inv)));     \
+            NORM_ROW(LOAD, STORE)                                                                             \
+        }                                                                                                     \
+    }                                                                                                         \
+    /* x[r] += d[r] (rounded to T, as torch's add_) for r < drows, then rms_norm of every row of x. */        \
+    void add_rms_norm_##SUFFIX(T *x, const T *d, int64_t drows, const T *w, T *y, int64_t rows, int64_t dim,   \
+                               float eps) {                                                                   \
+        _Pragma("omp parallel for schedule(static) if (rows * dim >= PARALLEL_MIN)")                          \
+        for (int64_t r = 0; r < rows; r++) {                                                                  \
+            T *xr = x + r * dim;                                                                              \
+            T *yr = y + r * dim;                                                                              \
+            if (r < drows)                                                                                    \
+                for (int64_t j = 0; j < dim; j++) xr[j] = STORE(LOAD(xr[j]) + LOAD(d[r * dim + j]));         \
+            NORM_ROW(LOAD, STORE)                                                                             \
         }                                                                                                     \
     }                                                                                                         \
     void silu_mul_##SUFFIX(const T *gu, T *y, int64_t rows, int64_t inter) {                                  \

@@ -122,3 +122,28 @@ def test_sdpa_with_grouped_heads_matches_the_reference_after_a_cached_prefix(mak
         got = runner._prefill_attention_gqa(q, k_cache, v_cache, [1, 0], start, n, 0, mask)
         want = _reference(q, k_cache, v_cache, torch.tensor([(1, start, n, 0), (0, start, n, n)]), rep)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_on_amx_tiles_long_chunks_match_sdpa_and_the_runner_keeps_them_on_the_kernel(make_engine):
+    # On a CPU with AMX, bf16 chunks of head size 64 run on the tiles (item_amx): long prompts cross many key tiles,
+    # the running max moves (scores grow along the keys), and the row count is no multiple of 16.
+    kernel = prefill_attention()
+    if kernel is None or not kernel.uses_amx(64):
+        pytest.skip("no AMX tiles here")
+    gen = torch.Generator().manual_seed(7)
+    nkv, rep, hd = 3, 3, 64
+    k_cache = torch.randn(2, nkv, 1024, hd, generator=gen)
+    k_cache += torch.linspace(0, 3, 1024)[
+        None, None, :, None
+    ]  # later keys score higher: the max keeps rising
+    k_cache, v_cache = k_cache.bfloat16(), torch.randn(2, nkv, 1024, hd, generator=gen).bfloat16()
+    table = torch.tensor([(1, 0, 700, 0), (0, 301, 33, 700)])
+    q = torch.randn(733, nkv * rep, hd, generator=gen).abs().bfloat16()
+
+    got = kernel(q, k_cache, v_cache, table, rep, hd**-0.5)
+
+    torch.testing.assert_close(got.float(), _reference(q, k_cache, v_cache, table, rep), rtol=2e-2, atol=2e-2)
+    engine = make_engine()
+    runner = engine._runner
+    if runner.dtype == torch.bfloat16 and runner.head_dim == 64:
+        assert runner.sdpa_prefill_from is None
