@@ -116,6 +116,28 @@ def test_elementwise_kernels_match_torch(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    ("rows", "added"), [(1, 1), (224, 200)]
+)  # one thread / split; pad rows left as they are
+def test_add_rms_norm_is_the_residual_add_then_rms_norm(dtype, rows, added):
+    kernels = elementwise()
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 576, generator=gen) * 4).to(dtype)
+    delta = (torch.randn(added, 576, generator=gen) * 4).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    want_x = x.clone()
+    want_x[:added].add_(delta)  # torch's add_, rounded to the dtype
+
+    normed = kernels.add_rms_norm(x, delta, weight, 1e-5)
+
+    assert torch.equal(x, want_x)  # in place, bit for bit
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(normed, kernels.rms_norm(want_x, weight, 1e-5), rtol=tol, atol=tol)
+    with pytest.raises(ValueError):
+        kernels.add_rms_norm(x, torch.zeros(rows + 1, 576, dtype=dtype), weight, 1e-5)  # more rows than x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 40])  # one thread / split over the OpenMP threads
 def test_argmax_is_torchs_with_ties_infinities_and_nan(dtype, rows):
     kernel = elementwise()
