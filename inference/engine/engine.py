@@ -189,6 +189,14 @@ class LLMEngine:
             default_step_budget(loaded.device.type, loaded.dtype == torch.bfloat16, cpu_has_amx()),
             self.config.max_num_seqs,
         )
+        if loaded.device.type == "cpu":  # oneDNN's primitives for every step size, before the first request
+            warm_s = self._runner.warm_up(self.max_num_batched_tokens)
+            if warm_s:
+                logger.info(
+                    "engine: matmul primitives for steps up to %d tokens built in %.1f s",
+                    self.max_num_batched_tokens,
+                    warm_s,
+                )
         self._scheduler = Scheduler(
             self.kv,
             self.max_num_batched_tokens,

@@ -142,3 +142,34 @@ def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loade
         want = model(torch.tensor([tokens])).logits[0, -1]
         got = bf16.forward(batch)[0].float()
     assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.99
+
+
+def test_warm_up_runs_every_bucketed_row_count_through_the_onednn_projections(tiny_loaded):
+    # Every multiple of ROW_BUCKET from two buckets up to the step budget, once per projection shape; nothing when no
+    # projection is on oneDNN (native kernels off here: every projection has a packed oneDNN copy).
+    model = copy.deepcopy(tiny_loaded.model)
+    cfg = model.config
+    kv = KVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu")
+    )
+    runner = ModelRunner(model, kv, max_positions=64, native_kernels=False)
+    lw = runner.layers[0]
+    assert lw.qkv.packed is not None
+    seen: list[int] = []
+    real = lw.qkv.__call__
+
+    class Recorder:
+        packed = lw.qkv.packed
+
+        def __call__(self, x):
+            seen.append(x.shape[0])
+            return real(x)
+
+    lw.qkv = Recorder()
+    assert runner.warm_up(170) > 0
+    assert seen == [64, 96, 128, 160]
+    for layer in runner.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            getattr(layer, name).packed = None
+    runner.layers[0].gated = None
+    assert runner.warm_up(170) == 0.0
