@@ -4,6 +4,7 @@ This is the only place where settings meet ``inference.engine``, which itself kn
 """
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from inference.engine import EngineConfig, ModelSpec, UnknownModel
 
@@ -69,6 +70,19 @@ def task_priority(queue_priority: int) -> int:
     return max(0, min(int(queue_priority), settings.INFERENCE_QUEUE_MAX_PRIORITY))
 
 
+def _memory_target(mb: float) -> float | None:
+    """``INFERENCE_KV_CACHE_MEMORY_MB``: -1 means no target (``None``); other negative values are refused.
+
+    Raises:
+        ImproperlyConfigured: a negative value other than -1.
+    """
+    if mb == -1:
+        return None
+    if mb < 0:
+        raise ImproperlyConfigured(f"INFERENCE_KV_CACHE_MEMORY_MB must be >= 0 or -1 (no target), got {mb}")
+    return mb
+
+
 def engine_config() -> EngineConfig:
     """Engine limits from settings (``INFERENCE_*``)."""
     return EngineConfig(
@@ -80,6 +94,7 @@ def engine_config() -> EngineConfig:
         adaptive_threads=settings.INFERENCE_ADAPTIVE_THREADS,
         priority_ageing_s=settings.INFERENCE_PRIORITY_AGEING_S or None,
         prefix_cache_tokens=settings.INFERENCE_PREFIX_CACHE_TOKENS,
+        kv_cache_memory_mb=_memory_target(settings.INFERENCE_KV_CACHE_MEMORY_MB),
         native_kernels=settings.INFERENCE_NATIVE_KERNELS,
     )
 

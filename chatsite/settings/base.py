@@ -184,6 +184,9 @@ INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
 INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
 INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
+# Resident K/V memory target in MB: running requests' K/V + prefix cache + freed pages kept for reuse; the last two
+# give way first (EngineConfig.kv_cache_memory_mb). 0 = keep nothing beyond the running requests; -1 = no target.
+INFERENCE_KV_CACHE_MEMORY_MB = env.float("INFERENCE_KV_CACHE_MEMORY_MB", default=384.0)
 # The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
 # RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)

@@ -101,6 +101,14 @@ class EngineConfig:
             so a later prompt that starts with the same tokens (the next turn of a conversation)
             skips prefilling them. Least recently used blocks are evicted. 0 disables it.
         prefix_cache_block_size: Tokens per cached block (the hashing and eviction unit).
+        kv_cache_memory_mb: Resident K/V memory target in MB (10**6 bytes), over the running requests' K/V, the
+            prefix cache and the freed slot pages kept to spare the next prefill its page faults: whenever the three
+            together would pass it, the freed pages are returned to the OS first, then least recently used prefix
+            blocks are evicted (vLLM's cached blocks likewise live in the free part of one KV pool). Running requests
+            are never cut by it (their K/V is bounded by ``kv_cache_tokens``). In bytes, not tokens, because a float32
+            model's K/V take twice a bf16 model's: 384 MB holds ~8 300 float32 or ~16 700 bf16 tokens of the default
+            model, so its 32 x 256-token batch runs without a copy of that K/V in the prefix cache on top.
+            ``None``: no target (the prefix cache up to ``prefix_cache_tokens`` on top of any running K/V).
         native_kernels: On CPU, run decode and prefill attention, RoPE with the K/V cache writes, and the
             projections of small decode steps in the engine's native kernels (:mod:`inference.engine.kernels`,
             compiled with the system C compiler on first use, cached under ``INFERENCE_KERNEL_DIR``): the
@@ -122,6 +130,7 @@ class EngineConfig:
     priority_ageing_s: float | None = 5.0
     prefix_cache_tokens: int = 8192
     prefix_cache_block_size: int = 16
+    kv_cache_memory_mb: float | None = 384.0
     native_kernels: bool = True
 
     def __post_init__(self) -> None:
@@ -147,6 +156,8 @@ class EngineConfig:
             raise ValueError("EngineConfig.prefix_cache_tokens must be >= 0 (0 disables the prefix cache)")
         if self.prefix_cache_block_size < 1:
             raise ValueError("EngineConfig.prefix_cache_block_size must be >= 1")
+        if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb >= 0:
+            raise ValueError("EngineConfig.kv_cache_memory_mb must be >= 0 (or None for no target)")
 
 
 #: The per-step token budget on most CPUs: larger steps made the mixed workload's p99 TTFT worse on CPUs without AMX

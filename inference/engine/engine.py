@@ -184,6 +184,10 @@ class LLMEngine:
         self.prefix_cache = PrefixCache(
             self.kv, self.config.prefix_cache_block_size, self.config.prefix_cache_tokens
         )
+        #: ``EngineConfig.kv_cache_memory_mb`` in token positions of this model's K/V (``None``: no target).
+        self.kv_memory_tokens: int | None = None
+        if self.config.kv_cache_memory_mb is not None:
+            self.kv_memory_tokens = int(self.config.kv_cache_memory_mb * 1e6) // self.kv.bytes_per_token
         #: The per-step token budget in use (``EngineConfig.max_num_batched_tokens`` or the device's default).
         self.max_num_batched_tokens = self.config.max_num_batched_tokens or max(
             default_step_budget(loaded.device.type, loaded.dtype == torch.bfloat16, cpu_has_amx()),
@@ -454,6 +458,8 @@ class LLMEngine:
                 tokens = None
             if tokens is not None:
                 self._apply_results(step, tokens)
+            with self._cond:
+                self._fit_kv_memory()
             if self._step_listeners:
                 self._notify_step(step, started, 0 if tokens is None else len(tokens))
             return step.batch.num_tokens
@@ -548,6 +554,7 @@ class LLMEngine:
                 self._keep_prefix(req)
             self._scheduler.release(req)
             self._step_finished += 1
+            self._fit_kv_memory()
         elif req.status is RequestStatus.WAITING:
             self._scheduler.remove_waiting(req)
         req.status = RequestStatus.FINISHED
@@ -573,6 +580,29 @@ class LLMEngine:
             self.prefix_cache.insert(tokens, req.cache_salt, req.slot, req.num_cached)
         except Exception:  # losing a cache entry only costs a later prefill
             logger.exception("could not keep the prefix of request %s", req.request_id)
+
+    def _fit_kv_memory(self) -> None:
+        """Keep the running requests' K/V, the retained freed slot pages and the prefix cache within
+        ``kv_memory_tokens`` (``EngineConfig.kv_cache_memory_mb``), under ``_cond``.
+
+        Over the target, the freed pages go back first (they only spare a later prefill its page faults), then the
+        least recently used prefix blocks, down to the target less one step's worth of tokens (so growing decodes
+        do not evict a few blocks every step), and the heap pages those blocks held are returned at once
+        (:func:`.memory.trim_heap`; the engine keeps freed heap for the next step otherwise).
+        """
+        limit = self.kv_memory_tokens
+        if limit is None:
+            return
+        written = self.kv.written_tokens
+        if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
+            return
+        if self.kv.stale_tokens:
+            self.kv.discard_stale()
+        if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
+            return
+        headroom = self.max_num_batched_tokens
+        if self.prefix_cache.evict_to(limit - written - self.kv.stale_tokens - headroom):
+            trim_heap()
 
     def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
         message = f"{type(exc).__name__}: {exc}"

@@ -26,11 +26,10 @@ page, which made prefill 10x slower.) Admission control uses a separate *token b
 request reserves ``prompt + max_new_tokens`` tokens (:meth:`KVCache.try_allocate`), so the
 memory actually written stays bounded by the budget.
 
-Prefix-caching seam (not implemented): a finished conversation turn could leave its slot
-"parked" with its token ids hashed; a new request whose prompt starts with those ids would be
-admitted into that slot with ``num_cached`` already set to the shared prefix length, and the
-scheduler would only prefill the rest (vLLM automatic prefix caching / SGLang RadixAttention
-do the same with blocks). :meth:`KVCache.try_allocate` is the place to look such a slot up.
+Prefix caching lives apart (:mod:`.prefix_cache`): a finished request's K/V are copied out of its slot into
+blocks, and a later prompt's cached prefix is copied back in. The engine keeps the running requests' K/V
+(:attr:`KVCache.written_tokens`), the retained freed pages (:attr:`KVCache.stale_tokens`) and those blocks within
+one resident-memory target (``EngineConfig.kv_cache_memory_mb``, see ``LLMEngine``).
 """
 
 from __future__ import annotations
@@ -125,6 +124,8 @@ class KVCache:
                     self._maps.append(buf)
         self.num_kv_heads = num_kv_heads
         self._row_bytes = head_dim * torch.empty((), dtype=dtype).element_size()
+        #: Bytes of K/V one token position takes over all layers (K and V, every KV head).
+        self.bytes_per_token = 2 * num_layers * num_kv_heads * self._row_bytes
         self._slot_bytes = num_kv_heads * slot_len * self._row_bytes
         self._owners: list[SlotOwner | None] = [None] * num_slots
         self._reserved = [0] * num_slots
@@ -185,6 +186,11 @@ class KVCache:
         owner.slot = -1
         if self.stale_tokens > self.retain_tokens:
             self.discard_stale()
+
+    @property
+    def written_tokens(self) -> int:
+        """Positions the running requests have written (the sum of their ``num_cached``): their resident K/V."""
+        return sum(owner.num_cached for owner in self._owners[: self.num_active] if owner is not None)
 
     @property
     def stale_tokens(self) -> int:

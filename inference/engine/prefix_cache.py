@@ -12,7 +12,8 @@ conversation's next turn re-sends the whole history; with this cache only the ne
 * **Storage.** One ``[num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]`` tensor per block, apart
   from the slot cache (:mod:`.kv_cache`), whose slots are compacted and reused: a hit is *copied* into the
   new request's slot (a few MB per thousand tokens, far cheaper than prefilling them).
-* **Eviction.** Least recently used block first, within ``capacity_tokens``. A hit touches its blocks from
+* **Eviction.** Least recently used block first, within ``capacity_tokens``, and sooner when the engine needs the
+  memory for running requests (:meth:`PrefixCache.evict_to`, ``EngineConfig.kv_cache_memory_mb``). A hit touches its blocks from
   the last to the first, so a prefix's first blocks are always more recent than its later ones and eviction
   removes chain tails before the heads they hang from (an evicted head would make its tail unreachable).
 * **Correctness.** A cached block holds exactly the K/V the same tokens at the same positions produce (K/V
@@ -66,6 +67,9 @@ class PrefixCache:
         query_tokens_total: Prompt tokens looked up since start (hit rate = hit / query).
     """
 
+    #: Cached blocks copied into a slot per group on a hit (bounds the copy's temporary memory).
+    LOAD_GROUP = 16
+
     def __init__(self, kv: KVCache, block_size: int, capacity_tokens: int) -> None:
         self.kv = kv
         self.block_size = block_size
@@ -103,13 +107,19 @@ class PrefixCache:
         for key in reversed(hits):  # heads end up most recent: tails are evicted first
             self._blocks.move_to_end(key)
         n = len(hits) * self.block_size
-        # [blocks, L, 2, H, B, D] -> [L, 2, H, blocks * B, D]: one copy per layer and K/V.
-        stacked = torch.stack([self._blocks[k] for k in hits])
-        nb, L, _, H, B, D = stacked.shape
-        joined = stacked.permute(1, 2, 3, 0, 4, 5).reshape(L, 2, H, nb * B, D)
-        for layer in range(self.kv.num_layers):
-            self.kv.k[layer][slot, :, :n].copy_(joined[layer, 0])
-            self.kv.v[layer][slot, :, :n].copy_(joined[layer, 1])
+        B = self.block_size
+        # LOAD_GROUP blocks at a time: [g, L, 2, H, B, D] stacked, then each layer's K and V copied into the slot's
+        # positions viewed as [H, g, B, D]. One group is the only extra memory (a whole 1500-token hit stacked and
+        # re-laid-out at once took twice its K/V, ~140 MB in float32 for the default model).
+        for first in range(0, len(hits), self.LOAD_GROUP):
+            group = torch.stack([self._blocks[k] for k in hits[first : first + self.LOAD_GROUP]])
+            g, _, _, H, _, D = group.shape
+            start, end = first * B, (first + g) * B
+            for layer in range(self.kv.num_layers):
+                for store, kv_index in ((self.kv.k, 0), (self.kv.v, 1)):
+                    store[layer][slot, :, start:end].view(H, g, B, D).copy_(
+                        group[:, layer, kv_index].transpose(0, 1)
+                    )
         self.hit_tokens_total += n
         return n
 
@@ -129,22 +139,36 @@ class PrefixCache:
             first_new += 1
         B = self.block_size
         new = keys[first_new:]
-        if new:
-            start, end = first_new * B, len(keys) * B
-            # [L, 2, H, n, D] for the new range (filled layer by layer: no second copy of it in between), then one
-            # contiguous tensor per block.
-            k0 = self.kv.k[0]
+        k0 = self.kv.k[0]
+        for group in range(first_new, len(keys), self.LOAD_GROUP):
+            # [L, 2, H, n, D] for up to LOAD_GROUP new blocks (filled layer by layer), then one contiguous tensor per
+            # block: the temporary copy stays one group's size however long the request was.
+            group_keys = keys[group : group + self.LOAD_GROUP]
+            start, end = group * B, (group + len(group_keys)) * B
             span = k0.new_empty((self.kv.num_layers, 2, k0.shape[1], end - start, k0.shape[3]))
             for layer in range(self.kv.num_layers):
                 span[layer, 0].copy_(self.kv.k[layer][slot, :, start:end])
                 span[layer, 1].copy_(self.kv.v[layer][slot, :, start:end])
-            for i, key in enumerate(new):
+            for i, key in enumerate(group_keys):
                 self._blocks[key] = span[:, :, :, i * B : (i + 1) * B].clone()
+            del span
         for key in reversed(keys):
             self._blocks.move_to_end(key)
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)
         return len(new)
+
+    def evict_to(self, max_tokens: int) -> int:
+        """Evict least recently used blocks until at most ``max_tokens`` tokens are held; returns the tokens evicted.
+
+        Used by the engine's resident-memory target (``EngineConfig.kv_cache_memory_mb``): cached blocks give way to
+        the running requests' K/V, as vLLM's cached blocks are reused for new allocations when its block pool is full.
+        """
+        evicted = 0
+        while self._blocks and len(self._blocks) * self.block_size > max(0, max_tokens):
+            self._blocks.popitem(last=False)
+            evicted += self.block_size
+        return evicted
 
     def clear(self) -> None:
         """Drop every block and hand the memory they held back to the OS (:func:`.memory.trim_heap`)."""
