@@ -351,6 +351,8 @@ class LinearFma(_PackedLinear):
     On a 2-vCPU AVX2 EPYC the default model's projections at 32 rows take 59-79 ms against oneDNN's 75-87 (weights from
     DRAM), and 512 rows are level with oneDNN (the file's header; README, Performance, round 11). Only for CPUs with AVX2
     and FMA: :func:`inference.engine.kernels.linear_fma` is ``None`` elsewhere; the runner uses it only without AVX-512.
+    A weight in Q8_0 blocks can be read in that form (:meth:`pack_q8`, :meth:`call_q8`), dequantized per column block
+    in cache: the same sums at a quarter of the memory (README, Performance, round 13).
     """
 
     dtype = torch.float32
@@ -358,3 +360,75 @@ class LinearFma(_PackedLinear):
     k_multiple = 1
     entry = "linear_fma_f32"
     pack_entry = "fma_pack_f32"
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__(lib)
+        self._q8 = lib.linear_fma_q8
+        self._q8.restype = ctypes.c_int
+        self._q8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
+        self._pack_q8 = lib.fma_pack_q8
+        self._pack_q8.restype = None
+        self._pack_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+
+    @staticmethod
+    def supports_q8(weight: BlockWeight | None) -> bool:
+        """Whether :meth:`pack_q8` takes ``weight``: Q8_0 blocks of an ``[n, k]`` weight, ``n`` a multiple of 8."""
+        return (
+            weight is not None
+            and weight.kind == "q8_0"
+            and weight.qs.shape[0] % 8 == 0
+            and weight.qs.shape[0] > 0
+        )
+
+    def pack_q8(self, weight: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q8_0 blocks in the kernel's panel order: int8 ``[n, k]`` (panels ``[k, 8]``) and float32 scales
+        ``[n, k / 32]`` (panels ``[k / 32, 8]``); 8.5 bits a weight against the float panels' 32.
+
+        Raises:
+            ValueError: a weight :meth:`supports_q8` refuses.
+        """
+        if not self.supports_q8(weight):
+            raise ValueError("fma_pack_q8: only Q8_0 blocks of a weight with a multiple of 8 rows")
+        n, k = weight.qs.shape
+        qp = torch.empty_like(weight.qs)
+        dp = torch.empty_like(weight.d)
+        self._pack_q8(weight.qs.data_ptr(), weight.d.data_ptr(), qp.data_ptr(), dp.data_ptr(), n, k)
+        return qp, dp
+
+    def call_q8(
+        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` with ``W`` given as :meth:`pack_q8`'s panels, each column block dequantized in cache
+        (``x`` float32 ``[m, k]`` contiguous, ``m >= 0``; returns ``[m, n]``). The sums are bit for bit those of the
+        float panels of the same (dequantized) weight: same order, same weights.
+
+        Raises:
+            ValueError: a dtype, shape or layout the kernel does not take.
+        """
+        qp, dp = packed
+        m, k = x.shape
+        n = qp.shape[0]
+        if (
+            x.dtype != torch.float32
+            or qp.shape[1] != k
+            or not x.is_contiguous()
+            or x.device.type != "cpu"
+            or not _bias_fits(bias, x.dtype, n)
+        ):
+            raise ValueError("linear_fma_q8: unsupported dtype, shape or layout")
+        y = torch.empty((m, n), dtype=x.dtype)
+        if m == 0:
+            return y
+        code = self._q8(
+            x.data_ptr(),
+            qp.data_ptr(),
+            dp.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            m,
+            n,
+            k,
+        )
+        if code:
+            raise ValueError(f"linear_fma_q8: kernel refused the call (code {code})")
+        return y

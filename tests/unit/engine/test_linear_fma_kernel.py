@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inference.engine import block_quant
 from inference.engine import runner as runner_module
 from inference.engine.kernels import linear_fma
 from inference.engine.kv_cache import KVCache
 from inference.engine.loader import cpu_has_avx512
 from inference.engine.runner import ModelRunner, StepBatch
-from tests.unit.engine.helpers import needs_gcc
+from tests.unit.engine.helpers import gguf_roundtrip, needs_gcc
 
 pytestmark = needs_gcc
 
@@ -150,3 +151,77 @@ def test_on_an_avx512_cpu_the_float32_runner_keeps_onednn(kernel, tiny_loaded, m
     ]
     assert all(linear.tiled_weight is None and linear.packed is not None for linear in linears)
     assert all(lw.gated is None for lw in runner.layers)
+
+
+def q8_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, block_quant.BlockWeight]:
+    """A float32 ``[n, k]`` weight that is exactly Q8_0 values (as the loader's checkpoint of a GGUF) and its blocks."""
+    w = gguf_roundtrip(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)), "q8_0")
+    blocks = block_quant.recover(w)
+    assert blocks is not None and blocks.kind == "q8_0"
+    return w, blocks
+
+
+def test_q8_packing_is_the_panel_layout(kernel):
+    n, k = 48, 64
+    _, blocks = q8_weight(n, k, 1)
+    qp, dp = kernel.pack_q8(blocks)
+    assert torch.equal(qp, blocks.qs.view(n // 8, 8, k).transpose(1, 2).reshape(n, k))
+    assert torch.equal(dp, blocks.d.view(n // 8, 8, k // 32).transpose(1, 2).reshape(n, k // 32))
+
+
+# n: 72 leaves a last column block of one panel, 8 is that panel alone; m: row-block tails and past a 96-row chunk.
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (72, 1536), (8, 32)])
+@pytest.mark.parametrize("m", [1, 5, 7, 32, 97])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_q8_linear_is_bit_for_bit_the_float_panels_of_the_same_weight(kernel, n, k, m, with_bias):
+    w, blocks = q8_weight(n, k, n + m)
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if with_bias else None
+
+    got = kernel.call_q8(x, kernel.pack_q8(blocks), bias)
+
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    assert torch.equal(got, kernel(x, kernel.pack(w), bias))  # same weights, same order of sums
+    close(got, F.linear(x, w, bias))
+
+
+def test_q8_linear_refuses_what_it_does_not_take(kernel):
+    _, q8 = q8_weight(32, 64, 2)
+    q4 = block_quant.recover(gguf_roundtrip(torch.randn(32, 64), "q4_1"))
+    assert not kernel.supports_q8(q4) and not kernel.supports_q8(None)
+    with pytest.raises(ValueError):
+        kernel.pack_q8(q4)
+    packed = kernel.pack_q8(q8)
+    assert kernel.call_q8(torch.randn(0, 64), packed, None).shape == (0, 32)  # zero rows in, zero rows out
+    with pytest.raises(ValueError):
+        kernel.call_q8(torch.randn(2, 32), packed, None)  # in-features differ
+    with pytest.raises(ValueError):
+        kernel.call_q8(torch.randn(2, 64).bfloat16(), packed, None)
+    with pytest.raises(ValueError):
+        kernel.call_q8(torch.randn(2, 64), packed, torch.randn(16))  # bias of the wrong width
+
+
+def test_a_float32_runner_reads_a_q8_lm_head_from_its_blocks(kernel, tiny_loaded):
+    if cpu_has_avx512():
+        pytest.skip("on AVX-512 CPUs the runner keeps oneDNN's float32 GEMM")
+    model = copy.deepcopy(tiny_loaded.model)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head.copy_(gguf_roundtrip(head[:, : head.shape[1] // 32 * 32], "q8_0"))  # tiny model: 64 inputs
+    runner = float32_runner(model)
+    assert runner.lm_head.tiled_q8 is not None and runner.lm_head.tiled_weight is None
+    assert all(lw.qkv.tiled_q8 is None for lw in runner.layers)  # random float weights: no blocks to read
+
+    tokens = list(range(300, 340))
+    batch = StepBatch(
+        token_ids=tokens,
+        positions=list(range(40)),
+        slots=[1] * 40,
+        prefills=[(1, 0, 40)],
+        logit_rows=list(range(40)),
+    )
+    with torch.inference_mode():
+        got = runner.forward(batch)  # 40 rows of logits: past the few-rows kernels, through the Q8 panels
+        want = model(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
