@@ -11,7 +11,7 @@ runs in its own virtualenv (``scripts/install_vllm.sh``), so this module imports
 Both systems get the same token ids, greedy decoding, exactly ``max_new_tokens`` (``ignore_eos``), the same
 bf16 weights (the prepared model directory) and ``--threads`` CPU threads. Each token is stamped with
 ``time.perf_counter()`` when this process (the client) receives it. Prefix caches are cleared before every
-run so no run profits from an earlier one.
+run, and before its peak RSS is reset, so no run profits from an earlier one or carries its cache in its peak.
 """
 
 from __future__ import annotations
@@ -135,12 +135,15 @@ class OursBackend:
         self.engine.add_step_listener(self.steps.append)
         self.engine.start()
 
+    def reset(self) -> None:
+        """Empty the prefix cache (no run profits from an earlier one); called before the run's peak RSS is reset."""
+        self.engine.prefix_cache.clear()
+
     def run(self, wl: Workload) -> tuple[list[dict], dict]:
         import asyncio
 
         from inference.engine import SampledTokenEvent, SamplingParams
 
-        self.engine.prefix_cache.clear()
         self.steps.clear()
         before = self.engine.load()
         records: list[dict] = []
@@ -203,12 +206,15 @@ class VllmBackend:
         )
         self.engine = LLMEngine.from_engine_args(args)
 
+    def reset(self) -> None:
+        """Empty vLLM's prefix cache, as :meth:`OursBackend.reset`."""
+        self.engine.reset_prefix_cache()
+
     def run(self, wl: Workload) -> tuple[list[dict], dict]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        self.engine.reset_prefix_cache()
         pending = sorted(wl.requests, key=lambda r: (r.arrival_s, r.rid))
         recs = {
             str(r.rid): {
@@ -302,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wl = Workload.from_dict(json.loads(line)["workload"])
         try:
+            # The caches are emptied before the peak is reset, so a run's peak holds none of an earlier run's cache.
+            backend.reset()
             with PeakRss() as rss:
                 records, extra = backend.run(wl)
             reply = {"records": records, "peak_rss_mb": round(rss.peak_mb, 1), **extra}
