@@ -587,8 +587,8 @@ class LLMEngine:
 
         Over the target, the freed pages go back first (they only spare a later prefill its page faults), then the
         least recently used prefix blocks, down to the target less one step's worth of tokens (so growing decodes
-        do not evict a few blocks every step), and the heap pages those blocks held are returned at once
-        (:func:`.memory.trim_heap`; the engine keeps freed heap for the next step otherwise).
+        do not evict a few blocks every step); an evicted block's pages go back to the OS at once
+        (:meth:`.PrefixCache.evict_to`).
         """
         limit = self.kv_memory_tokens
         if limit is None:
@@ -600,9 +600,7 @@ class LLMEngine:
             self.kv.discard_stale()
         if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
             return
-        headroom = self.max_num_batched_tokens
-        if self.prefix_cache.evict_to(limit - written - self.kv.stale_tokens - headroom):
-            trim_heap()
+        self.prefix_cache.evict_to(limit - written - self.kv.stale_tokens - self.max_num_batched_tokens)
 
     def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
         message = f"{type(exc).__name__}: {exc}"

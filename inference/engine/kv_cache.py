@@ -54,12 +54,12 @@ class SlotOwner(Protocol):
     num_cached: int  # tokens whose K/V are written in the slot (positions 0..num_cached-1)
 
 
-def _lazy_zeros(
+def lazy_zeros(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, mmap.mmap | None]:
-    """Zero tensor whose CPU pages are only committed when first written.
+    """Zero tensor whose CPU pages are only committed when first written (also the prefix cache's block pool).
 
-    Returns the tensor and, on CPU, the anonymous mapping backing it (for ``madvise``).
+    Returns the tensor and, on CPU, the anonymous mapping backing it (for :func:`release_pages`).
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device), None
@@ -69,6 +69,15 @@ def _lazy_zeros(
     )
     tensor = torch.frombuffer(buf, dtype=torch.uint8, count=math.prod(shape) * itemsize)
     return tensor.view(dtype).view(shape), buf
+
+
+def release_pages(buf: mmap.mmap, start: int, end: int) -> None:
+    """Hand the whole pages inside bytes ``[start, end)`` of ``buf`` back to the OS (``madvise(MADV_DONTNEED)``);
+    they read as zeros afterwards."""
+    start = -(-start // _PAGE) * _PAGE
+    end = end // _PAGE * _PAGE
+    if end > start:
+        buf.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class KVCache:
@@ -118,7 +127,7 @@ class KVCache:
         self._maps: list[mmap.mmap] = []
         for _ in range(num_layers):
             for store in (self.k, self.v):
-                tensor, buf = _lazy_zeros(shape, dtype, device)
+                tensor, buf = lazy_zeros(shape, dtype, device)
                 store.append(tensor)
                 if buf is not None:
                     self._maps.append(buf)
@@ -212,12 +221,8 @@ class KVCache:
             self._high_water[slot] = keep
 
     def _madvise_free(self, start: int, end: int) -> None:
-        start = -(-start // _PAGE) * _PAGE  # only whole pages inside [start, end)
-        end = end // _PAGE * _PAGE
-        if end <= start:
-            return
         for buf in self._maps:
-            buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+            release_pages(buf, start, end)
 
     def _discard_pages(self, slot: int) -> None:
         """Return the memory of an unused slot to the OS; it reads as zeros afterwards."""

@@ -9,9 +9,10 @@ conversation's next turn re-sends the whole history; with this cache only the ne
   prefix up to and including its block, and requests with different salts never share an entry (per-user
   isolation: one user's TTFT can never reveal whether another user sent a prompt). A cryptographic hash,
   as vLLM switched to, so colliding prefixes cannot be crafted.
-* **Storage.** One ``[num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]`` tensor per block, apart
-  from the slot cache (:mod:`.kv_cache`), whose slots are compacted and reused: a hit is *copied* into the
-  new request's slot (a few MB per thousand tokens, far cheaper than prefilling them).
+* **Storage.** A pool of ``[num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]`` blocks in lazily committed
+  memory whose evicted blocks go back to the OS at once, apart from the slot cache (:mod:`.kv_cache`), whose slots
+  are compacted and reused: a hit is *copied* into the new request's slot (a few MB per thousand tokens, far
+  cheaper than prefilling them).
 * **Eviction.** Least recently used block first, within ``capacity_tokens``, and sooner when the engine needs the
   memory for running requests (:meth:`PrefixCache.evict_to`, ``EngineConfig.kv_cache_memory_mb``). A hit touches its blocks from
   the last to the first, so a prefix's first blocks are always more recent than its later ones and eviction
@@ -26,13 +27,13 @@ Not thread-safe: :class:`~inference.engine.LLMEngine` calls it under its lock fr
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
 from collections import OrderedDict
 
 import torch
 
-from .kv_cache import KVCache
-from .memory import trim_heap
+from .kv_cache import KVCache, lazy_zeros, release_pages
 
 
 def block_keys(
@@ -55,7 +56,13 @@ def block_keys(
 
 
 class PrefixCache:
-    """LRU store of K/V blocks keyed by :func:`block_keys`.
+    """LRU store of K/V blocks keyed by :func:`block_keys`, in a pool of ``capacity_tokens // block_size`` blocks.
+
+    The pool is one lazily committed ``[blocks, num_layers, 2 (K, V), num_kv_heads, block_size, head_dim]`` tensor
+    (:func:`.kv_cache.lazy_zeros`, vLLM's block pool): a block's pages are committed when it is first written and
+    handed back to the OS (``madvise``) the moment it is evicted, so resident memory is exactly the blocks held. (Blocks
+    as tensors of their own lived on the malloc heap between the steps' activations; freed, they left the heap
+    fragmented, ~60 MB that ``malloc_trim`` could not return after a mixed workload.)
 
     Args:
         kv: The slot cache to copy blocks from (on insert) and into (on a hit); fixes the geometry.
@@ -74,7 +81,15 @@ class PrefixCache:
         self.kv = kv
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
-        self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        #: Key -> the block's index in the pool, least recently used first.
+        self._blocks: OrderedDict[bytes, int] = OrderedDict()
+        self._free: list[int] = list(range(self.capacity_blocks - 1, -1, -1))
+        k0 = kv.k[0]
+        shape = (self.capacity_blocks, kv.num_layers, 2, k0.shape[1], block_size, k0.shape[3])
+        self._pool, self._map = (
+            lazy_zeros(shape, k0.dtype, k0.device) if self.capacity_blocks else (k0.new_empty(shape), None)
+        )
+        self._block_bytes = math.prod(shape[1:]) * k0.element_size()
         self.hit_tokens_total = 0
         self.query_tokens_total = 0
 
@@ -86,6 +101,11 @@ class PrefixCache:
     def num_tokens(self) -> int:
         """Tokens currently held."""
         return len(self._blocks) * self.block_size
+
+    def block(self, key: bytes) -> torch.Tensor | None:
+        """The cached ``[num_layers, 2, num_kv_heads, block_size, head_dim]`` K/V of ``key`` (a view), or ``None``."""
+        index = self._blocks.get(key)
+        return None if index is None else self._pool[index]
 
     def load_prefix(self, token_ids: list[int], salt: str | None, slot: int) -> int:
         """Copy the longest cached prefix of ``token_ids`` into ``slot`` (positions ``0..n-1``).
@@ -108,11 +128,12 @@ class PrefixCache:
             self._blocks.move_to_end(key)
         n = len(hits) * self.block_size
         B = self.block_size
-        # LOAD_GROUP blocks at a time: [g, L, 2, H, B, D] stacked, then each layer's K and V copied into the slot's
-        # positions viewed as [H, g, B, D]. One group is the only extra memory (a whole 1500-token hit stacked and
-        # re-laid-out at once took twice its K/V, ~140 MB in float32 for the default model).
+        # LOAD_GROUP blocks at a time: [g, L, 2, H, B, D] gathered from the pool, then each layer's K and V copied into
+        # the slot's positions viewed as [H, g, B, D]. One group is the only extra memory (a whole 1500-token hit
+        # gathered and re-laid-out at once took twice its K/V, ~140 MB in float32 for the default model).
         for first in range(0, len(hits), self.LOAD_GROUP):
-            group = torch.stack([self._blocks[k] for k in hits[first : first + self.LOAD_GROUP]])
+            indices = [self._blocks[k] for k in hits[first : first + self.LOAD_GROUP]]
+            group = self._pool[torch.tensor(indices, device=self._pool.device)]
             g, _, _, H, _, D = group.shape
             start, end = first * B, (first + g) * B
             for layer in range(self.kv.num_layers):
@@ -126,51 +147,68 @@ class PrefixCache:
     def insert(self, token_ids: list[int], salt: str | None, slot: int, num_cached: int) -> int:
         """Keep the full blocks of ``token_ids[:num_cached]`` whose K/V sit in ``slot``.
 
-        Blocks already cached are only touched. Evicts least recently used blocks beyond the capacity.
-        Returns the number of newly stored blocks.
+        Blocks already cached are only touched. A full pool gives its least recently used blocks to the new ones; a
+        request longer than the whole pool keeps its first blocks. Returns the number of newly stored blocks.
         """
         if not self.enabled:
             return 0
-        keys = block_keys(token_ids[:num_cached], salt, self.block_size)
+        keys = block_keys(token_ids[:num_cached], salt, self.block_size, self.capacity_blocks)
         if not keys:
             return 0
         first_new = 0
         while first_new < len(keys) and keys[first_new] in self._blocks:
             first_new += 1
+        for key in keys[:first_new]:  # the cached head is not what a full pool gives away
+            self._blocks.move_to_end(key)
         B = self.block_size
         new = keys[first_new:]
-        k0 = self.kv.k[0]
         for group in range(first_new, len(keys), self.LOAD_GROUP):
-            # [L, 2, H, n, D] for up to LOAD_GROUP new blocks (filled layer by layer), then one contiguous tensor per
-            # block: the temporary copy stays one group's size however long the request was.
+            # [L, 2, H, n, D] for up to LOAD_GROUP new blocks (filled layer by layer), then one copy per block into
+            # the pool: the temporary copy stays one group's size however long the request was.
             group_keys = keys[group : group + self.LOAD_GROUP]
             start, end = group * B, (group + len(group_keys)) * B
-            span = k0.new_empty((self.kv.num_layers, 2, k0.shape[1], end - start, k0.shape[3]))
+            span = self._pool.new_empty(
+                (self.kv.num_layers, 2, self._pool.shape[3], end - start, self._pool.shape[5])
+            )
             for layer in range(self.kv.num_layers):
                 span[layer, 0].copy_(self.kv.k[layer][slot, :, start:end])
                 span[layer, 1].copy_(self.kv.v[layer][slot, :, start:end])
             for i, key in enumerate(group_keys):
-                self._blocks[key] = span[:, :, :, i * B : (i + 1) * B].clone()
+                if key in self._blocks:  # a later block of a chain whose earlier block was evicted
+                    index = self._blocks[key]
+                elif self._free:
+                    index = self._free.pop()
+                else:  # reuse the least recently used block's storage as it is (no page hand-back)
+                    _, index = self._blocks.popitem(last=False)
+                self._pool[index].copy_(span[:, :, :, i * B : (i + 1) * B])
+                self._blocks[key] = index
             del span
         for key in reversed(keys):
             self._blocks.move_to_end(key)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
         return len(new)
 
     def evict_to(self, max_tokens: int) -> int:
-        """Evict least recently used blocks until at most ``max_tokens`` tokens are held; returns the tokens evicted.
+        """Evict least recently used blocks until at most ``max_tokens`` tokens are held, handing their pages back to
+        the OS at once; returns the tokens evicted.
 
         Used by the engine's resident-memory target (``EngineConfig.kv_cache_memory_mb``): cached blocks give way to
         the running requests' K/V, as vLLM's cached blocks are reused for new allocations when its block pool is full.
         """
         evicted = 0
         while self._blocks and len(self._blocks) * self.block_size > max(0, max_tokens):
-            self._blocks.popitem(last=False)
+            _, index = self._blocks.popitem(last=False)
+            self._release(index)
             evicted += self.block_size
         return evicted
 
     def clear(self) -> None:
-        """Drop every block and hand the memory they held back to the OS (:func:`.memory.trim_heap`)."""
+        """Drop every block and hand the memory they held back to the OS."""
+        for index in self._blocks.values():
+            self._release(index)
         self._blocks.clear()
-        trim_heap()
+        self._free = list(range(self.capacity_blocks - 1, -1, -1))
+
+    def _release(self, index: int) -> None:
+        if self._map is not None:
+            release_pages(self._map, index * self._block_bytes, (index + 1) * self._block_bytes)
+        self._free.append(index)

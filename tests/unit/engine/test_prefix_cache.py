@@ -110,7 +110,24 @@ def test_cached_blocks_hold_the_kv_a_full_prefill_writes(make_engine, tiny_loade
         out = tiny_loaded.model(torch.tensor([prompt]), use_cache=True)
     pkv = out.past_key_values
     for i, key in enumerate(keys):
-        block = engine.prefix_cache._blocks[key]
+        block = engine.prefix_cache.block(key)
         for layer in range(len(engine.kv.k)):
             k_ref = pkv.layers[layer].keys[0, :, i * 16 : (i + 1) * 16]
             torch.testing.assert_close(block[layer, 0], k_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_evicted_blocks_hand_their_pages_back_and_the_head_is_kept(make_engine, tiny_loaded):
+    engine = make_engine(prefix_cache_tokens=96, prefix_cache_block_size=16)  # a pool of 6 blocks
+    cache = engine.prefix_cache
+    prompt = [random.Random(6).randrange(20, len(tiny_loaded.tokenizer)) for _ in range(50)]
+    _run(engine, prompt, "s")  # 50 prompt + 11 fed-back tokens -> 3 blocks
+    keys = block_keys(prompt + [0] * 11, "s", 16)[:3]
+    indices = [cache._blocks[k] for k in keys]
+    assert all(cache.block(k).abs().sum() > 0 for k in keys)
+    assert cache.evict_to(16) == 32
+    assert cache.block(keys[0]) is not None  # the chain's head stays, its tail goes first
+    assert cache.block(keys[1]) is None and cache.block(keys[2]) is None
+    for index in indices[1:]:
+        assert cache._pool[index].abs().sum() == 0  # pages handed back: they read as zeros
+    cache.clear()
+    assert cache.num_tokens == 0 and cache._pool.abs().sum() == 0
