@@ -596,11 +596,9 @@ class LLMEngine:
         written = self.kv.written_tokens
         if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
             return
-        if self.kv.stale_tokens:
-            self.kv.discard_stale()
-        if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
-            return
-        self.prefix_cache.evict_to(limit - written - self.kv.stale_tokens - self.max_num_batched_tokens)
+        self.kv.discard_stale()  # leaves no stale positions
+        if written + self.prefix_cache.num_tokens > limit:
+            self.prefix_cache.evict_to(limit - written - self.max_num_batched_tokens)
 
     def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
         message = f"{type(exc).__name__}: {exc}"

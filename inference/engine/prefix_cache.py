@@ -81,15 +81,16 @@ class PrefixCache:
         self.kv = kv
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
-        #: Key -> the block's index in the pool, least recently used first.
-        self._blocks: OrderedDict[bytes, int] = OrderedDict()
-        self._free: list[int] = list(range(self.capacity_blocks - 1, -1, -1))
         k0 = kv.k[0]
         shape = (self.capacity_blocks, kv.num_layers, 2, k0.shape[1], block_size, k0.shape[3])
         self._pool, self._map = (
             lazy_zeros(shape, k0.dtype, k0.device) if self.capacity_blocks else (k0.new_empty(shape), None)
         )
         self._block_bytes = math.prod(shape[1:]) * k0.element_size()
+        #: Key -> the block's index in the pool, least recently used first.
+        self._blocks: OrderedDict[bytes, int] = OrderedDict()
+        self._free: list[int] = []
+        self.clear()
         self.hit_tokens_total = 0
         self.query_tokens_total = 0
 
@@ -202,9 +203,9 @@ class PrefixCache:
         return evicted
 
     def clear(self) -> None:
-        """Drop every block and hand the memory they held back to the OS."""
-        for index in self._blocks.values():
-            self._release(index)
+        """Drop every block and hand the memory they held back to the OS (the whole pool in one ``madvise``)."""
+        if self._map is not None:
+            release_pages(self._map, 0, self.capacity_blocks * self._block_bytes)
         self._blocks.clear()
         self._free = list(range(self.capacity_blocks - 1, -1, -1))
 

@@ -176,6 +176,23 @@ static void column_block(const float *x, const float *wb, const float *bias, flo
     }
 }
 
+/* Work item `item` of a call (linear_fma_f32 and linear_fma_q8 cut the work alike): rows [r_lo, r_hi), one chunk of
+ * MC, against column blocks [lo, hi), ITEM_BLOCKS of them; iters is the k steps a block's row tiles take, over which
+ * the next block's prefetch is spread. */
+typedef struct {
+    int64_t r_lo, r_hi, lo, hi, iters;
+} work_item_t;
+
+static inline work_item_t work_item(int64_t item, int64_t m, int64_t k, int64_t blocks, int64_t col_chunks) {
+    work_item_t w;
+    w.r_lo = item / col_chunks * MC;
+    w.r_hi = m - w.r_lo < MC ? m : w.r_lo + MC;
+    w.lo = item % col_chunks * ITEM_BLOCKS;
+    w.hi = w.lo + ITEM_BLOCKS < blocks ? w.lo + ITEM_BLOCKS : blocks;
+    w.iters = ((w.r_hi - w.r_lo + MR - 1) / MR) * k;
+    return w;
+}
+
 int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
                    int swiglu) {
     if (m < 1 || k < 1 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL)) return 1;
@@ -188,18 +205,16 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
      * balances). */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
-        const int64_t r_lo = item / col_chunks * MC, r_hi = m - r_lo < MC ? m : r_lo + MC;
-        const int64_t lo = item % col_chunks * ITEM_BLOCKS, hi = lo + ITEM_BLOCKS < blocks ? lo + ITEM_BLOCKS : blocks;
-        const int64_t iters = ((r_hi - r_lo + MR - 1) / MR) * k; /* k steps per column block */
-        for (int64_t b = lo; b < hi; b++) {
+        const work_item_t w = work_item(item, m, k, blocks, col_chunks);
+        for (int64_t b = w.lo; b < w.hi; b++) {
             const int64_t p0 = b * NB;
             const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
             prefetch_t pf = {NULL, NULL, 0};
-            if (b + 1 < hi) { /* the item's next block (the next item may go to the other thread) */
-                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, NB, iters, 2);
+            if (b + 1 < w.hi) { /* the item's next block (the next item may go to the other thread) */
+                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, NB, w.iters, 2);
             }
             const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
-            column_block(x, wp + p0 * PANEL * k, bias, y, r_lo, r_hi, ldy, k, col0, panels, swiglu, &pf);
+            column_block(x, wp + p0 * PANEL * k, bias, y, w.r_lo, w.r_hi, ldy, k, col0, panels, swiglu, &pf);
         }
     }
     return 0;
@@ -246,17 +261,16 @@ int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
             if (buf == NULL) continue;
-            const int64_t r_lo = item / col_chunks * MC, r_hi = m - r_lo < MC ? m : r_lo + MC;
-            const int64_t lo = item % col_chunks * ITEM_BLOCKS;
-            const int64_t hi = lo + ITEM_BLOCKS < blocks ? lo + ITEM_BLOCKS : blocks;
-            const int64_t iters = ((r_hi - r_lo + MR - 1) / MR) * k;
-            for (int64_t b = lo; b < hi; b++) {
+            const work_item_t w = work_item(item, m, k, blocks, col_chunks);
+            for (int64_t b = w.lo; b < w.hi; b++) {
                 const int64_t p0 = b * NB;
                 const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
                 dequant_q8_panels(qp, dp, buf, p0, panels, k);
                 prefetch_t pf = {NULL, NULL, 0};
-                if (b + 1 < hi) pf = next_block_prefetch((const char *)qp, PANEL * k, panels_total, p0, panels, NB, iters, 1);
-                column_block(x, buf, bias, y, r_lo, r_hi, n, k, p0 * PANEL, panels, 0, &pf);
+                if (b + 1 < w.hi) {
+                    pf = next_block_prefetch((const char *)qp, PANEL * k, panels_total, p0, panels, NB, w.iters, 1);
+                }
+                column_block(x, buf, bias, y, w.r_lo, w.r_hi, n, k, p0 * PANEL, panels, 0, &pf);
             }
         }
         free(buf);
