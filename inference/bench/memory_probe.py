@@ -1,4 +1,4 @@
-"""``python -m inference.bench.memory_probe [N] [THREADS]``: peak RSS of a fresh engine process serving N requests.
+"""``python -m inference.bench.memory_probe [N] [THREADS] [--dtype float32]``: peak RSS of a fresh engine process serving N requests.
 
 What the worker does, measured in one new process: load the default model (``load_model``), build the engine that
 owns it (``owns_model=True``, as ``LLMEngine.from_spec``), then prefill N 128-token prompts and decode 128 tokens
@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("threads", type=int, nargs="?", default=2)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--cache-dir", default="var/models")
+    p.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default=None,
+        help="the model's dtype (default: the default model's, bfloat16, which runs as float32 without native bf16)",
+    )
     args = p.parse_args(argv)
     stages: dict[str, dict[str, float]] = {}
 
@@ -35,10 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (the import itself is a stage)
 
     stage("import")
+    import dataclasses
+
     from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
     from inference.engine.config import DEFAULT_MODEL_SPEC
 
-    loaded = load_model(DEFAULT_MODEL_SPEC, args.cache_dir, device="cpu", num_threads=args.threads)
+    spec = dataclasses.replace(DEFAULT_MODEL_SPEC, dtype=args.dtype) if args.dtype else DEFAULT_MODEL_SPEC
+    loaded = load_model(spec, args.cache_dir, device="cpu", num_threads=args.threads)
     stage("loaded")
     engine = LLMEngine(loaded, EngineConfig(device="cpu", num_threads=args.threads), owns_model=True)
     stage("engine")

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from . import block_quant, kernels, memory
 from .errors import EngineError
 from .kv_cache import KVCache
-from .loader import cpu_has_amx, cpu_has_avx512
+from .loader import cpu_has_amx
 
 _SUPPORTED_ROPE = ("default", "linear", "llama3", "yarn")
 
@@ -141,14 +141,14 @@ class _Linear:
         fits = fits and block_weight.d.shape[1] * block_quant.QK == weight.shape[1]
         self.block_weight = block_weight if blocks is not None and fits else None
         self.blocks = blocks if self.block_weight is not None else None
-        #: float32 on AVX2 with Q8_0 blocks (the default model's tied lm_head): the tile kernel reads them, each column
-        #: block dequantized in cache, instead of float panels four times their size (the same sums bit for bit;
-        #: 113 -> 32 MB for the default model, level in speed at 32 rows).
-        self.tiled_q8: tuple[torch.Tensor, torch.Tensor] | None = None
-        if isinstance(self.tiled, kernels.LinearFma) and self.tiled.supports_q8(self.block_weight):
-            self.tiled_q8 = self.tiled.pack_q8(self.block_weight)
+        #: float32 with Q8_0 or Q4_1 blocks (the default model's tied lm_head and layers): the tile kernel reads them,
+        #: each column block dequantized in cache, instead of float panels 4-6 times their size (the same sums bit for
+        #: bit; 538 -> 98 MB for the default model, level in speed at 32 rows).
+        self.tiled_blocks: kernels.TiledBlocks | None = None
+        if isinstance(self.tiled, kernels.LinearFma) and self.tiled.supports_blocks(self.block_weight):
+            self.tiled_blocks = self.tiled.pack_blocks(self.block_weight)
         self.tiled_weight = (
-            self.tiled.pack(weight) if self.tiled is not None and self.tiled_q8 is None else None
+            self.tiled.pack(weight) if self.tiled is not None and self.tiled_blocks is None else None
         )
         if pack and self.tiled is None and not gated:
             self.packed = _try_pack(weight, bias)
@@ -167,7 +167,7 @@ class _Linear:
         large = (
             self.packed is not None
             or self.tiled_weight is not None
-            or self.tiled_q8 is not None
+            or self.tiled_blocks is not None
             or self.gated
         )
         return large and self.blocks is not None
@@ -185,8 +185,8 @@ class _Linear:
             return self.rows(x.contiguous(), self.weight, self.bias)
         if self.amx is not None and x.shape[0] <= self.amx.USE_UP_TO_ROWS:
             return self.amx(x.contiguous(), self.block_weight, self.bias)
-        if self.tiled_q8 is not None:
-            return self.tiled.call_q8(x.contiguous(), self.tiled_q8, self.bias)
+        if self.tiled_blocks is not None:
+            return self.tiled.call_blocks(x.contiguous(), self.tiled_blocks, self.bias)
         if self.tiled_weight is not None:
             return self.tiled(x.contiguous(), self.tiled_weight, self.bias)
         if self.packed is not None:
@@ -260,20 +260,38 @@ class _TiledGatedUp:
     0.17 as a VNNI matmul and ``silu_mul``, 0.14-0.16 fused; 512 rows 2.5-2.6, 2.6-3.3 and 2.0-2.4.
     """
 
-    def __init__(self, tiled: kernels.LinearVnni | kernels.LinearFma, weight: torch.Tensor) -> None:
+    def __init__(
+        self,
+        tiled: kernels.LinearVnni | kernels.LinearFma,
+        weight: torch.Tensor,
+        blocks: block_quant.BlockWeight | None = None,
+    ) -> None:
         self.tiled = tiled
-        self.packed = tiled.pack(weight, swiglu=True)
+        #: float32 with Q4_1 blocks of the fused weight: read in that form (:meth:`kernels.LinearFma.pack_blocks`).
+        self.blocks: kernels.TiledBlocks | None = None
+        self.packed: torch.Tensor | None = None
+        if isinstance(tiled, kernels.LinearFma) and tiled.supports_blocks(blocks, swiglu=True):
+            self.blocks = tiled.pack_blocks(blocks, swiglu=True)
+        else:
+            self.packed = tiled.pack(weight, swiglu=True)
 
     @classmethod
     def build(
-        cls, tiled: kernels.LinearVnni | kernels.LinearFma, weight: torch.Tensor, inter: int
+        cls,
+        tiled: kernels.LinearVnni | kernels.LinearFma,
+        weight: torch.Tensor,
+        inter: int,
+        blocks: block_quant.BlockWeight | None = None,
     ) -> _TiledGatedUp | None:
-        """From the fused ``[2I, k]`` gate/up weight; ``None`` when the kernel does not take its shape."""
+        """From the fused ``[2I, k]`` gate/up weight (and its GGUF blocks, ``[gate; up]``, where it has them);
+        ``None`` when the kernel does not take its shape."""
         if weight.shape[0] != 2 * inter or not tiled.supports(weight, swiglu=True):
             return None
-        return cls(tiled, weight)
+        return cls(tiled, weight, blocks)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocks is not None:
+            return self.tiled.call_blocks(x.contiguous(), self.blocks, None)
         return self.tiled(x.contiguous(), self.packed, None, swiglu=True)
 
 
@@ -486,9 +504,14 @@ class ModelRunner:
             wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
             inter = mlp.gate_proj.out_features
+            # The gate/up blocks: the loader's (bf16), or recovered from the float32 weight for the few-rows kernel
+            # and, in float32, the tile kernel's Q4_1 panels.
+            gu_blocks = exact(mlp.gate_proj, mlp.up_proj)
+            if gu_blocks is None and blocks is not None and wgu.dtype == torch.float32:
+                gu_blocks = block_quant.recover(wgu)
             gated: _GatedUp | _TiledGatedUp | None = None
             if tiled is not None and bgu is None:
-                gated = _TiledGatedUp.build(tiled, wgu, inter)
+                gated = _TiledGatedUp.build(tiled, wgu, inter, gu_blocks)
             elif pack and native and self.dtype == torch.bfloat16 and bgu is None:
                 gated = _GatedUp.build(wgu, inter)
             lw = _Layer(
@@ -520,7 +543,7 @@ class ModelRunner:
                     pack,
                     rows,
                     blocks,
-                    exact(mlp.gate_proj, mlp.up_proj),
+                    gu_blocks,
                     tiled,
                     gated is not None,
                     amx,
@@ -609,14 +632,15 @@ class ModelRunner:
 
         bf16: :class:`~inference.engine.kernels.LinearVnni` on CPUs with AVX512-BF16 and no AMX tiles (with AMX,
         oneDNN's bf16 matmuls run on the tiles; not measured against it). float32:
-        :class:`~inference.engine.kernels.LinearFma` on CPUs with AVX2 and FMA but no AVX-512 (README, Performance,
-        round 11); with AVX-512 oneDNN's float32 GEMM is twice as wide as the kernel and keeps the work.
+        :class:`~inference.engine.kernels.LinearFma` on CPUs with AVX2 and FMA, in 512-bit registers where the CPU has
+        AVX-512 (README, Performance, rounds 11 and 14): it reads the GGUF blocks of the weights that have them, so the
+        float32 engine holds ~5 bits a weight instead of oneDNN's packed 32.
         """
         if not native:
             return None
         if self.dtype == torch.bfloat16 and not cpu_has_amx():
             return kernels.linear_vnni()
-        if self.dtype == torch.float32 and not cpu_has_avx512():
+        if self.dtype == torch.float32:
             return kernels.linear_fma()
         return None
 

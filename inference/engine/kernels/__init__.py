@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..threads import loaded_libgomp_paths
-from .linear import LinearAmx, LinearBlocks, LinearFma, LinearRows, LinearVnni
+from .linear import LinearAmx, LinearBlocks, LinearFma, LinearRows, LinearVnni, TiledBlocks
 
 __all__ = [
     "DecodeAttention",
@@ -51,6 +51,7 @@ __all__ = [
     "LinearVnni",
     "PrefillAttention",
     "RopeCache",
+    "TiledBlocks",
 ]
 
 logger = logging.getLogger(__name__)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -244,7 +245,8 @@ class _PackedLinear:
 
     #: The dtype of x, the weight, the bias and y.
     dtype: torch.dtype
-    #: Output columns per panel (``n`` must be a multiple; twice that with ``swiglu``).
+    #: Output columns per panel (``n`` must be a multiple; twice that with ``swiglu``); a kernel whose width depends on
+    #: how the library was built sets it from the library.
     panel: int
     #: ``k`` must be a multiple of this.
     k_multiple: int
@@ -267,17 +269,16 @@ class _PackedLinear:
         out = torch.empty((1, 16), dtype=self.dtype)
         return self._fn(probe.data_ptr(), probe.data_ptr(), None, out.data_ptr(), 1, 16, 16, 0) == 0
 
-    @classmethod
-    def supports(cls, weight: torch.Tensor, swiglu: bool = False) -> bool:
+    def supports(self, weight: torch.Tensor, swiglu: bool = False) -> bool:
         """Whether :meth:`pack` takes ``weight``: ``[n, k]`` of the kernel's dtype on CPU, ``n`` a multiple of the
         panel width (twice that with ``swiglu``), ``k`` a multiple of ``k_multiple``."""
         return (
-            weight.dtype == cls.dtype
+            weight.dtype == self.dtype
             and weight.dim() == 2
             and weight.device.type == "cpu"
-            and weight.shape[0] % (2 * cls.panel if swiglu else cls.panel) == 0
+            and weight.shape[0] % (2 * self.panel if swiglu else self.panel) == 0
             and weight.shape[0] > 0
-            and weight.shape[1] % cls.k_multiple == 0
+            and weight.shape[1] % self.k_multiple == 0
             and weight.shape[1] > 0
         )
 
@@ -344,15 +345,42 @@ class LinearVnni(_PackedLinear):
     pack_entry = "vnni_pack_bf16"
 
 
+class TiledBlocks(NamedTuple):
+    """A weight's GGUF blocks in :class:`LinearFma`'s panel order (:meth:`LinearFma.pack_blocks`), for ``n`` output
+    and ``k`` input features: ``qp`` the quants (Q8_0: int8 ``[n, k]``; Q4_1: uint8 ``[n, k / 2]``, two columns a
+    byte), ``dp`` the scales and ``mp`` the Q4_1 minimums (float32 ``[n, k / 32]``; ``mp`` ``None`` for Q8_0), and
+    whether gate and up panels alternate (``swiglu``)."""
+
+    kind: str
+    qp: torch.Tensor
+    dp: torch.Tensor
+    mp: torch.Tensor | None
+    swiglu: bool
+
+    @property
+    def out_features(self) -> int:
+        return self.dp.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (quants and scales)."""
+        parts = (self.qp, self.dp, self.mp) if self.mp is not None else (self.qp, self.dp)
+        return sum(t.numel() * t.element_size() for t in parts)
+
+
 class LinearFma(_PackedLinear):
     """``linear_fma.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the
-    weight in panels of 8 output columns, each ``[k, 8]`` (6 x 16 register tiles, BLIS's haswell sgemm shape).
+    weight in panels of :attr:`panel` output columns, each ``[k, panel]``: 8 with AVX2 (6 x 16 register tiles, BLIS's
+    haswell sgemm shape), 16 on a CPU with AVX-512 (6 x 64 tiles in 24 of the 32 zmm registers).
 
     On a 2-vCPU AVX2 EPYC the default model's projections at 32 rows take 59-79 ms against oneDNN's 75-87 (weights from
-    DRAM), and 512 rows are level with oneDNN (the file's header; README, Performance, round 11). Only for CPUs with AVX2
-    and FMA: :func:`inference.engine.kernels.linear_fma` is ``None`` elsewhere; the runner uses it only without AVX-512.
-    A weight in Q8_0 blocks can be read in that form (:meth:`pack_q8`, :meth:`call_q8`), dequantized per column block
-    in cache: the same sums at a quarter of the memory (README, Performance, round 13).
+    DRAM), and 512 rows are level with oneDNN (the file's header; README, Performance, round 11); on a 2-vCPU Zen 5
+    (AVX-512) 25 against 29 ms at 32 rows, 326 against 314 at 512 (round 14). Only for CPUs with AVX2 and FMA:
+    :func:`inference.engine.kernels.linear_fma` is ``None`` elsewhere.
+
+    A weight that is exactly GGUF Q8_0 or Q4_1 values can be read in that form (:meth:`pack_blocks`,
+    :meth:`call_blocks`), each column block dequantized in cache into float panels: the same sums bit for bit at 8.5
+    or 5 bits a weight instead of 32 (README, Performance, rounds 13 and 14).
     """
 
     dtype = torch.float32
@@ -363,72 +391,106 @@ class LinearFma(_PackedLinear):
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         super().__init__(lib)
+        lib.fma_panel.restype = ctypes.c_int
+        lib.fma_panel.argtypes = []
+        self.panel = int(lib.fma_panel())
         self._q8 = lib.linear_fma_q8
         self._q8.restype = ctypes.c_int
         self._q8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
         self._pack_q8 = lib.fma_pack_q8
         self._pack_q8.restype = None
         self._pack_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+        self._q4 = lib.linear_fma_q4_1
+        self._q4.restype = ctypes.c_int
+        self._q4.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._pack_q4 = lib.fma_pack_q4_1
+        self._pack_q4.restype = None
+        self._pack_q4.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int]
 
-    @staticmethod
-    def supports_q8(weight: BlockWeight | None) -> bool:
-        """Whether :meth:`pack_q8` takes ``weight``: Q8_0 blocks of an ``[n, k]`` weight, ``n`` a multiple of 8."""
-        return (
-            weight is not None
-            and weight.kind == "q8_0"
-            and weight.qs.shape[0] % 8 == 0
-            and weight.qs.shape[0] > 0
-        )
+    def supports_blocks(self, weight: BlockWeight | None, swiglu: bool = False) -> bool:
+        """Whether :meth:`pack_blocks` takes ``weight``: Q8_0 or Q4_1 blocks of an ``[n, k]`` weight, ``n`` a multiple
+        of :attr:`panel` (twice that with ``swiglu``, which Q8_0 does not take)."""
+        if weight is None or weight.kind not in ("q8_0", "q4_1") or (swiglu and weight.kind != "q4_1"):
+            return False
+        n = weight.d.shape[0]
+        return n > 0 and n % (2 * self.panel if swiglu else self.panel) == 0
 
-    def pack_q8(self, weight: BlockWeight) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q8_0 blocks in the kernel's panel order: int8 ``[n, k]`` (panels ``[k, 8]``) and float32 scales
-        ``[n, k / 32]`` (panels ``[k / 32, 8]``); 8.5 bits a weight against the float panels' 32.
+    def pack_blocks(self, weight: BlockWeight, swiglu: bool = False) -> TiledBlocks:
+        """The blocks in the kernel's panel order (:class:`TiledBlocks`): 8.5 (Q8_0) or 5 (Q4_1) bits a weight against
+        the float panels' 32. With ``swiglu`` (Q4_1 blocks of the fused ``[gate; up]`` weight) gate and up panels
+        alternate, as :meth:`pack` does.
 
         Raises:
-            ValueError: a weight :meth:`supports_q8` refuses.
+            ValueError: a weight :meth:`supports_blocks` refuses.
         """
-        if not self.supports_q8(weight):
-            raise ValueError("fma_pack_q8: only Q8_0 blocks of a weight with a multiple of 8 rows")
-        n, k = weight.qs.shape
-        qp = torch.empty_like(weight.qs)
+        if not self.supports_blocks(weight, swiglu):
+            raise ValueError(
+                f"linear_fma: only Q8_0 or Q4_1 blocks of a weight with a multiple of {self.panel} rows "
+                "(Q4_1 and twice that with swiglu)"
+            )
+        n, nb = weight.d.shape
+        k = nb * QK
         dp = torch.empty_like(weight.d)
-        self._pack_q8(weight.qs.data_ptr(), weight.d.data_ptr(), qp.data_ptr(), dp.data_ptr(), n, k)
-        return qp, dp
+        if weight.kind == "q8_0":
+            qp = torch.empty_like(weight.qs)
+            self._pack_q8(weight.qs.data_ptr(), weight.d.data_ptr(), qp.data_ptr(), dp.data_ptr(), n, k)
+            return TiledBlocks("q8_0", qp, dp, None, False)
+        qp = torch.empty_like(weight.qs)
+        mp = torch.empty_like(weight.mn)
+        self._pack_q4(
+            weight.qs.data_ptr(),
+            weight.d.data_ptr(),
+            weight.mn.data_ptr(),
+            qp.data_ptr(),
+            dp.data_ptr(),
+            mp.data_ptr(),
+            n,
+            k,
+            int(swiglu),
+        )
+        return TiledBlocks("q4_1", qp, dp, mp, swiglu)
 
-    def call_q8(
-        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        """``x @ W.T (+ bias)`` with ``W`` given as :meth:`pack_q8`'s panels, each column block dequantized in cache
-        (``x`` float32 ``[m, k]`` contiguous, ``m >= 0``; returns ``[m, n]``). The sums are bit for bit those of the
-        float panels of the same (dequantized) weight: same order, same weights.
+    def call_blocks(self, x: torch.Tensor, packed: TiledBlocks, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W.T (+ bias)``, or ``silu(x @ Wg.T) * (x @ Wu.T)`` for blocks packed with ``swiglu``, with ``W`` given
+        as :meth:`pack_blocks`'s panels, each column block dequantized in cache (``x`` float32 ``[m, k]`` contiguous,
+        ``m >= 0``; returns ``[m, n]``, ``[m, n / 2]`` with ``swiglu``). The sums are bit for bit those of the float
+        panels of the same (dequantized) weight: same order, same weights.
 
         Raises:
             ValueError: a dtype, shape or layout the kernel does not take.
         """
-        qp, dp = packed
         m, k = x.shape
-        n = qp.shape[0]
+        n = packed.out_features
         if (
             x.dtype != torch.float32
-            or qp.shape[1] != k
+            or packed.dp.shape[1] * QK != k
             or not x.is_contiguous()
             or x.device.type != "cpu"
             or not _bias_fits(bias, x.dtype, n)
+            or (packed.swiglu and bias is not None)
         ):
-            raise ValueError("linear_fma_q8: unsupported dtype, shape or layout")
-        y = torch.empty((m, n), dtype=x.dtype)
+            raise ValueError("linear_fma: unsupported dtype, shape or layout for block panels")
+        y = torch.empty((m, n // 2 if packed.swiglu else n), dtype=x.dtype)
         if m == 0:
             return y
-        code = self._q8(
-            x.data_ptr(),
-            qp.data_ptr(),
-            dp.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
-            m,
-            n,
-            k,
-        )
+        bias_ptr = None if bias is None else bias.data_ptr()
+        if packed.kind == "q8_0":
+            code = self._q8(
+                x.data_ptr(), packed.qp.data_ptr(), packed.dp.data_ptr(), bias_ptr, y.data_ptr(), m, n, k
+            )
+        else:
+            code = self._q4(
+                x.data_ptr(),
+                packed.qp.data_ptr(),
+                packed.dp.data_ptr(),
+                packed.mp.data_ptr(),
+                bias_ptr,
+                y.data_ptr(),
+                m,
+                n,
+                k,
+                int(packed.swiglu),
+            )
         if code:
-            raise ValueError(f"linear_fma_q8: kernel refused the call (code {code})")
+            raise ValueError(f"linear_fma ({packed.kind}): kernel refused the call (code {code})")
         return y

@@ -1,17 +1,18 @@
-/* y = x @ W^T (+ bias) in float32 on AVX2/FMA CPUs, for the row counts past the few-rows kernels: decode steps of
- * many sequences and prefill chunks.
+/* y = x @ W^T (+ bias) in float32 on AVX2/FMA CPUs (in 512-bit registers where the CPU has AVX-512), for the row
+ * counts past the few-rows kernels: decode steps of many sequences and prefill chunks.
  *
  * Built with the other kernels (see inference/engine/kernels/__init__.py). The float32 twin of linear_vnni.c: a
  * decode step of 32 sequences multiplies 32 rows by every weight of the model once (8.6 GFLOP over 540 MB for
  * the default model), which on a 2-vCPU AVX2 CPU is bound by the two cores' FMA units, not by memory. The
  * register-blocked micro-kernel of BLIS (Goto & van de Geijn, "Anatomy of high-performance matrix
  * multiplication", 2008; BLIS's haswell sgemm kernel is 6 x 16), with the weight read from DRAM once per call:
- *   - the weight is packed once at load time in panels of 8 output columns, each [k][8] (one ymm per k), so a
- *     tile's weight loads are sequential (fma_pack_f32; torch gives the same with w.view(n/8, 8, k).transpose(1, 2));
- *   - a column block is NB = 2 panels (16 columns); its rows run in blocks of at most MR = 6 (of near-equal
- *     height), each keeping its 6 x 16 float32 sums in 12 ymm registers over all of k (x broadcast from memory;
- *     2 weight loads and 12 FMAs per k). The first row block brings the block's weights in from DRAM, the others
- *     read them from L1/L2;
+ *   - the weight is packed once at load time in panels of PANEL output columns (8 with AVX2, 16 with AVX-512), each
+ *     [k][PANEL] (one vector per k), so a tile's weight loads are sequential (fma_pack_f32; torch gives the same
+ *     with w.view(n/PANEL, PANEL, k).transpose(1, 2));
+ *   - a column block is NB panels; its rows run in blocks of at most MR (of near-equal height), each keeping its
+ *     sums in registers over all of k (x broadcast from memory): AVX2 6 x 16 in 12 ymm (2 weight loads, 12 FMAs per
+ *     k), AVX-512 6 x 64 in 24 zmm (4 loads, 24 FMAs). The first row block brings the block's weights in from DRAM,
+ *     the others read them from L1/L2;
  *   - the work is cut into items of ITEM_BLOCKS column blocks x MC rows, which the threads take dynamically, row
  *     chunk by row chunk, so that a long prefill's rows stay in L2 while they meet every column block and a vCPU
  *     slowed by the host does not hold up the call;
@@ -21,32 +22,62 @@
  * oneDNN's 75-87 (~140 against ~110 GFLOP/s), 512 rows level with oneDNN (978-1011 against 974-983 ms). In the
  * engine, N=32: decode step 92-97 against 118-125 ms, 32 x 128-token prefill 6.8-7.1 against 7.2-7.7 s.
  *
- * A weight that is exactly Q8_0 values (the default model's tied lm_head) can stay in that form (linear_fma_q8, below):
- * its int8 values and scales in the same panel order, each column block dequantized into a per-thread buffer before
- * its row tiles run: the sums are the float panels' bit for bit, at 8.5 bits a weight instead of 32 (lm_head 113 ->
- * 32 MB), and as fast (32 rows 16.1 against 16.2 ms; 1 row 3.7 against 4.4).
+ * On a 2-vCPU Zen 5 (AVX-512, ~460 GFLOP/s of float32 FMA), the same projections: 32 rows 25.3 ms against oneDNN's
+ * 28.6, 512 rows 326 against 314 (6 x 64 tiles; 12 x 32 took 32 and 380 ms, 8 x 48 31 and 363).
+ *
+ * A weight that is exactly GGUF Q8_0 or Q4_1 values (the default model's tied lm_head and its layers) can stay in that
+ * form (linear_fma_q8, linear_fma_q4_1, below): its quants and scales in the same panel order, each column block
+ * dequantized into a per-thread buffer before its row tiles run. The sums are the float panels' bit for bit, at 8.5
+ * or 5 bits a weight instead of 32 (the default model's 538 MB of float panels -> 98 MB), and as fast: in the engine
+ * on the Zen 5, N=32 decode step 35.6-37.9 against oneDNN's 38.9-39.7 ms, 32 x 128-token prefill 2.24-2.27 against
+ * 2.31-2.33 s; built for AVX2 there, level with the float panels (57.8-58.5 against 57.1-57.9 ms, 4.35-4.44 against
+ * 4.24-4.35 s).
  *
  * Layouts (contiguous): x [m, k] float32, wp the packed weight (n * k floats), bias [n] or NULL, y [m, n].
  * Sums over k in order, one FMA per product (so results differ from oneDNN's and MKL's by float rounding).
  * With swiglu set, LlamaMLP's act(gate) * up comes out instead: wp is the fused [gate; up] weight (n = 2I) packed
  * with swiglu set, which interleaves gate panel j and up panel j; each column block is those two panels, and y is
  * [m, I] with y[:, c] = silu(g[:, c]) * u[:, c] taken on the sums (no bias).
- * Returns 0; 1 when the shape is not taken (m < 1, k < 1, n not a multiple of 8 (16 with swiglu), a bias with
- * swiglu); 2 when the object was built for a CPU without AVX2 and FMA (the caller keeps oneDNN).
+ * Returns 0; 1 when the shape is not taken (m < 1, k < 1, n not a multiple of PANEL (2 PANEL with swiglu), a bias
+ * with swiglu); 2 when the object was built for a CPU without AVX2 and FMA (the caller keeps oneDNN).
  */
 #include <omp.h>
 #include <stdint.h>
 
 #include "tiles.h"
 
-#define PANEL 8 /* output columns per panel: one ymm of float32 sums */
-#define NB 2    /* panels per column block */
-#define MR 6    /* rows per register block */
-#define MC 96   /* rows per chunk: 96 x 1536 floats = 590 KB, within a Zen core's L2 */
+/* The register tile's shape, by vector width. AVX2: panels of 8 columns (one ymm), 6 x 16 sums in 12 of the 16 ymm
+ * (BLIS's haswell sgemm). AVX-512: panels of 16 columns (one zmm), 6 x 64 sums in 24 of the 32 zmm, 4 weight loads and
+ * 6 broadcasts per 24 FMAs (measured fastest of 12 x 32, 8 x 48 and 6 x 64 on a Zen 5; -D overrides for such
+ * experiments). A work item keeps 64 columns either way. */
+#if defined(__AVX512F__)
+#define PANEL 16
+#ifndef MR
+#define MR 6
+#endif
+#ifndef NB
+#define NB 4
+#endif
+#ifndef ITEM_BLOCKS
+#define ITEM_BLOCKS 1
+#endif
+#else
+#define PANEL 8
+#define MR 6
+#define NB 2          /* panels per column block */
 #define ITEM_BLOCKS 4 /* column blocks per work item */
+#endif
+#ifndef PF_LINES
+#define PF_LINES 2 /* most cache lines of the next block prefetched per k step */
+#endif
+#define MC 96 /* rows per chunk: 96 x 1536 floats = 590 KB, within a Zen core's L2; a multiple of MR */
 
-/* Pack w [n, k] (torch's Linear weight) into panels [n / 8][k][8]; n a multiple of 8 (16 with swiglu).
- * swiglu: w is [gate; up] and panel 2j of out is gate panel j, panel 2j + 1 up panel j. */
+/* The panel width this object was built with: output columns per panel (8 with AVX2, 16 with AVX-512). The packed
+ * layouts below depend on it, so the caller reads it rather than assuming one. */
+int fma_panel(void) { return PANEL; }
+
+/* Pack w [n, k] (torch's Linear weight) into panels [n / PANEL][k][PANEL]; n a multiple of PANEL (2 PANEL with
+ * swiglu). swiglu: w is [gate; up] and panel 2j of out is gate panel j, panel 2j + 1 up panel j. */
 void fma_pack_f32(const float *w, float *out, int64_t n, int64_t k, int swiglu) {
     const int64_t panels = n / PANEL;
 #pragma omp parallel for schedule(static)
@@ -58,8 +89,8 @@ void fma_pack_f32(const float *w, float *out, int64_t n, int64_t k, int swiglu) 
 }
 
 /* Q8_0 blocks (block_quant.BlockWeight: qs [n, k] int8, d [n, k / 32] float32) into the same panel order: qp
- * [n / 8][k][8] int8 and dp [n / 8][k / 32][8] float32 (one scale per column per block of 32 inputs). n a multiple of
- * 8, k of 32. */
+ * [n / PANEL][k][PANEL] int8 and dp [n / PANEL][k / 32][PANEL] float32 (one scale per column per block of 32 inputs).
+ * n a multiple of PANEL, k of 32. */
 void fma_pack_q8(const int8_t *qs, const float *d, int8_t *qp, float *dp, int64_t n, int64_t k) {
     const int64_t panels = n / PANEL, nb = k / 32;
 #pragma omp parallel for schedule(static)
@@ -71,94 +102,190 @@ void fma_pack_q8(const int8_t *qs, const float *d, int8_t *qp, float *dp, int64_
     }
 }
 
+/* Q4_1 blocks (block_quant.BlockWeight: qs [n, k / 2] uint8, per block of 32 inputs byte j holding input j in its low
+ * nibble and input j + 16 in its high one; d and mn [n, k / 32] float32) into the panel order: qp [n / PANEL][k][PANEL
+ * / 2] uint8, byte c of a row holding column c in its low nibble and column c + PANEL / 2 in its high one, and dp, mp
+ * [n / PANEL][k / 32][PANEL] float32. n a multiple of PANEL (2 PANEL with swiglu), k of 32. swiglu: the blocks are
+ * [gate; up] and panel 2j is gate panel j, panel 2j + 1 up panel j (as fma_pack_f32). */
+void fma_pack_q4_1(const uint8_t *qs, const float *d, const float *mn, uint8_t *qp, float *dp, float *mp, int64_t n,
+                   int64_t k, int swiglu) {
+    const int64_t panels = n / PANEL, nb = k / 32, half = PANEL / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t from = swiglu ? (p % 2) * (panels / 2) + p / 2 : p;
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t b = j / 32, jj = j % 32;
+            for (int64_t c = 0; c < half; c++) {
+                uint8_t nib[2];
+                for (int64_t h = 0; h < 2; h++) {
+                    const uint8_t byte = qs[(from * PANEL + c + h * half) * (k / 2) + b * 16 + jj % 16];
+                    nib[h] = jj < 16 ? (byte & 0x0F) : (byte >> 4);
+                }
+                qp[(p * k + j) * half + c] = (uint8_t)(nib[0] | (nib[1] << 4));
+            }
+        }
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t c = 0; c < PANEL; c++) {
+                dp[(p * nb + b) * PANEL + c] = d[(from * PANEL + c) * nb + b];
+                mp[(p * nb + b) * PANEL + c] = mn[(from * PANEL + c) * nb + b];
+            }
+    }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+typedef __m512 vec_t;
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VBROADCAST(p) _mm512_set1_ps(*(p))
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+
+/* glibc's libmvec expf for 16 floats (what GCC calls for an AVX-512-vectorised expf loop; linked with -lmvec). */
+__m512 _ZGVeN16v_expf(__m512 x);
+
+/* silu(g) * u = g / (1 + exp(-g)) * u on 16 sums; 0 where g < -88 (silu's limit; there exp(-g) would overflow, and
+ * under -ffast-math GCC divides by a reciprocal estimate and a Newton step, which makes 1 / inf NaN). */
+static inline vec_t swiglu_vec(vec_t g, vec_t u) {
+    const __mmask16 live = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-88.f), _CMP_GE_OQ);
+    const __m512 e = _ZGVeN16v_expf(_mm512_maskz_sub_ps(live, _mm512_setzero_ps(), g));
+    return _mm512_maskz_mul_ps(live, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
+}
+
+/* PANEL int8 weights at q times their column's scale: one rounding, as gguf-py's float32 dequantize. */
+static inline vec_t dequant_q8_vec(const int8_t *q, vec_t scale) {
+    const __m128i q8 = _mm_loadu_si128((const __m128i *)q);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), scale);
+}
+
+/* PANEL Q4_1 weights from PANEL / 2 bytes at q (fma_pack_q4_1's nibble order): q * d + m. q * d is exact in float32
+ * (4 bits times a float16's 11), so the one rounding of the FMA is gguf-py's d * q + m bit for bit. */
+static inline vec_t dequant_q4_vec(const uint8_t *q, vec_t d, vec_t m) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)q), low = _mm_set1_epi8(0x0F);
+    const __m128i nibbles = _mm_unpacklo_epi64(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles)), d, m);
+}
+#else
+typedef __m256 vec_t;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VBROADCAST(p) _mm256_broadcast_ss(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
 
 /* glibc's libmvec expf for 8 floats (what GCC calls for an AVX2-vectorised expf loop; linked with -lmvec). */
 __m256 _ZGVdN8v_expf(__m256 x);
 
 /* silu(g) * u = g / (1 + exp(-g)) * u on 8 sums; 0 where g < -88 (silu's limit; there exp(-g) would overflow,
  * and under -ffast-math GCC divides by a reciprocal estimate and a Newton step, which makes 1 / inf NaN). */
-static inline __m256 swiglu8(__m256 g, __m256 u) {
+static inline vec_t swiglu_vec(vec_t g, vec_t u) {
     const __m256 live = _mm256_cmp_ps(g, _mm256_set1_ps(-88.f), _CMP_GE_OQ);
     const __m256 e = _ZGVdN8v_expf(_mm256_and_ps(live, _mm256_sub_ps(_mm256_setzero_ps(), g)));
     return _mm256_and_ps(live, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u));
 }
 
+/* PANEL int8 weights at q times their column's scale: one rounding, as gguf-py's float32 dequantize. */
+static inline vec_t dequant_q8_vec(const int8_t *q, vec_t scale) {
+    const __m128i q8 = _mm_loadl_epi64((const __m128i *)q);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale);
+}
+
+/* PANEL Q4_1 weights from PANEL / 2 bytes at q (fma_pack_q4_1's nibble order): q * d + m. q * d is exact in float32
+ * (4 bits times a float16's 11), so the one rounding of the FMA is gguf-py's d * q + m bit for bit. */
+static inline vec_t dequant_q4_vec(const uint8_t *q, vec_t d, vec_t m) {
+    int32_t word;
+    memcpy(&word, q, 4);
+    const __m128i b = _mm_cvtsi32_si128(word), low = _mm_set1_epi8(0x0F);
+    const __m128i nibbles = _mm_unpacklo_epi32(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles)), d, m);
+}
+#endif
+
 /* The sums of `rows` rows of x against `panels` panels of wp over all of k, kept in registers (rows x panels
- * ymm), then the epilogue: bias and output at column col0 of y (row stride ldy), or with swiglu (panels == 2:
- * gate, up) the 8 activations. Prefetches pf->lines cache lines of the next block per k. */
+ * vectors), then the epilogue: bias and output at column col0 of y (row stride ldy), or with swiglu (panels == 2:
+ * gate, up) the PANEL activations. Prefetches pf->lines cache lines of the next block per k. */
 static inline __attribute__((always_inline)) void tile(const float *x, const float *wp, const float *bias, float *y,
                                                        int64_t ldy, int64_t k, int64_t col0, const int rows,
                                                        const int panels, const int swiglu, prefetch_t *pf) {
-    __m256 acc[MR][NB];
-#pragma GCC unroll 6
+    vec_t acc[MR][NB];
+#pragma GCC unroll 12
     for (int r = 0; r < MR; r++)
-#pragma GCC unroll 2
-        for (int c = 0; c < NB; c++) acc[r][c] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int c = 0; c < NB; c++) acc[r][c] = VZERO();
     const int64_t panel_stride = PANEL * k; /* floats per panel */
     const char *p = pf->next;
     for (int64_t j = 0; j < k; j++) {
-        __m256 w[NB];
-#pragma GCC unroll 2
+        vec_t w[NB];
+#pragma GCC unroll 4
         for (int c = 0; c < NB; c++)
-            if (c < panels) w[c] = _mm256_loadu_ps(wp + c * panel_stride + j * PANEL);
-#pragma GCC unroll 6
+            if (c < panels) w[c] = VLOAD(wp + c * panel_stride + j * PANEL);
+#pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
             if (r < rows) {
-                const __m256 xb = _mm256_broadcast_ss(x + r * k + j);
-#pragma GCC unroll 2
+                const vec_t xb = VBROADCAST(x + r * k + j);
+#pragma GCC unroll 4
                 for (int c = 0; c < NB; c++)
-                    if (c < panels) acc[r][c] = _mm256_fmadd_ps(xb, w[c], acc[r][c]);
+                    if (c < panels) acc[r][c] = VFMA(xb, w[c], acc[r][c]);
             }
         }
         p = prefetch_step(p, pf);
     }
     pf->next = p;
     if (swiglu) {
-        /* The sums go to memory first: swiglu8 calls libmvec's expf, across which no ymm register survives (all are
-         * caller-saved), so calling it on live accumulators spilled the others around every call. */
+        /* The sums go to memory first: swiglu_vec calls libmvec's expf, across which no vector register survives (all
+         * are caller-saved), so calling it on live accumulators spilled the others around every call. */
         float g[MR][PANEL], u[MR][PANEL];
-#pragma GCC unroll 6
+#pragma GCC unroll 12
         for (int r = 0; r < MR; r++) {
             if (r >= rows) continue;
-            _mm256_storeu_ps(g[r], acc[r][0]);
-            _mm256_storeu_ps(u[r], acc[r][1]);
+            VSTORE(g[r], acc[r][0]);
+            VSTORE(u[r], acc[r][1]);
         }
-        for (int r = 0; r < rows; r++)
-            _mm256_storeu_ps(y + r * ldy + col0, swiglu8(_mm256_loadu_ps(g[r]), _mm256_loadu_ps(u[r])));
+        for (int r = 0; r < rows; r++) VSTORE(y + r * ldy + col0, swiglu_vec(VLOAD(g[r]), VLOAD(u[r])));
         return;
     }
-#pragma GCC unroll 6
+#pragma GCC unroll 12
     for (int r = 0; r < MR; r++) {
         if (r >= rows) continue;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int c = 0; c < NB; c++) {
             if (c >= panels) continue;
-            __m256 s = acc[r][c];
-            if (bias != NULL) s = _mm256_add_ps(s, _mm256_loadu_ps(bias + col0 + c * PANEL));
-            _mm256_storeu_ps(y + r * ldy + col0 + c * PANEL, s);
+            vec_t s = acc[r][c];
+            if (bias != NULL) s = VADD(s, VLOAD(bias + col0 + c * PANEL));
+            VSTORE(y + r * ldy + col0 + c * PANEL, s);
         }
     }
 }
 
 /* One register tile of `rows` rows: a case per row count, so that the tile's loops unroll with constant counts. */
-#define ROWS_CASES(P, SW)                                                                                      \
-    switch (rows) {                                                                                            \
-        case 6: tile(xr, wb, bias, yr, ldy, k, col0, 6, P, SW, pf); break;                                   \
-        case 5: tile(xr, wb, bias, yr, ldy, k, col0, 5, P, SW, pf); break;                                   \
-        case 4: tile(xr, wb, bias, yr, ldy, k, col0, 4, P, SW, pf); break;                                   \
-        case 3: tile(xr, wb, bias, yr, ldy, k, col0, 3, P, SW, pf); break;                                   \
-        case 2: tile(xr, wb, bias, yr, ldy, k, col0, 2, P, SW, pf); break;                                   \
+#define TILE_CASE(R, P, SW) \
+    case R: tile(xr, wb, bias, yr, ldy, k, col0, R, P, SW, pf); break;
+#if MR > 6
+#define WIDE_CASES(P, SW) \
+    TILE_CASE(12, P, SW) TILE_CASE(11, P, SW) TILE_CASE(10, P, SW) TILE_CASE(9, P, SW) TILE_CASE(8, P, SW) \
+    TILE_CASE(7, P, SW)
+#else
+#define WIDE_CASES(P, SW)
+#endif
+#define ROWS_CASES(P, SW)                                                                                    \
+    switch (rows) {                                                                                          \
+        WIDE_CASES(P, SW)                                                                                    \
+        TILE_CASE(6, P, SW) TILE_CASE(5, P, SW) TILE_CASE(4, P, SW) TILE_CASE(3, P, SW) TILE_CASE(2, P, SW) \
         default: tile(xr, wb, bias, yr, ldy, k, col0, 1, P, SW, pf); break;                                  \
     }
 
 /* Rows [r_lo, r_hi) of one column block: `panels` panels starting at wb, output from column col0 of y. */
 static void column_block(const float *x, const float *wb, const float *bias, float *y, int64_t r_lo, int64_t r_hi,
                          int64_t ldy, int64_t k, int64_t col0, int panels, int swiglu, prefetch_t *pf) {
-    /* ceil((r_hi - r_lo) / MR) row blocks of near-equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than 5 x 6 and a 2):
-     * a tile of few rows has too few independent sums to cover the FMA latency (4 cycles, 2 units: 8 in flight). */
+    /* ceil((r_hi - r_lo) / MR) row blocks of near-equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than 5 x 6 and a 2
+     * with AVX2; 11, 11, 10 with AVX-512): a tile of few rows has too few independent sums to cover the FMA latency
+     * (4 cycles, 2 units: 8 in flight). */
     const int64_t total = r_hi - r_lo, nblk = (total + MR - 1) / MR, base = total / nblk, extra = total % nblk;
     int64_t r0 = r_lo;
     for (int64_t i = 0; i < nblk; i++) {
@@ -167,6 +294,14 @@ static void column_block(const float *x, const float *wb, const float *bias, flo
         float *yr = y + r0 * ldy;
         if (swiglu) {
             ROWS_CASES(2, 1)
+#if NB > 2
+        } else if (panels == 3) {
+            ROWS_CASES(3, 0)
+#endif
+#if NB > 3
+        } else if (panels == 4) {
+            ROWS_CASES(4, 0)
+#endif
         } else if (panels == 2) {
             ROWS_CASES(2, 0)
         } else {
@@ -175,8 +310,7 @@ static void column_block(const float *x, const float *wb, const float *bias, flo
         r0 += rows;
     }
 }
-
-/* Work item `item` of a call (linear_fma_f32 and linear_fma_q8 cut the work alike): rows [r_lo, r_hi), one chunk of
+/* Work item `item` of a call (linear_fma_f32 and the block panels cut the work alike): rows [r_lo, r_hi), one chunk of
  * MC, against column blocks [lo, hi), ITEM_BLOCKS of them; iters is the k steps a block's row tiles take, over which
  * the next block's prefetch is spread. */
 typedef struct {
@@ -197,7 +331,8 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
                    int swiglu) {
     if (m < 1 || k < 1 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL)) return 1;
     const int64_t panels_total = n / PANEL;
-    const int64_t blocks = (panels_total + NB - 1) / NB, ldy = swiglu ? n / 2 : n;
+    const int64_t per_block = swiglu ? 2 : NB; /* a swiglu block is one gate and one up panel */
+    const int64_t blocks = (panels_total + per_block - 1) / per_block, ldy = swiglu ? n / 2 : n;
     const int64_t row_chunks = (m + MC - 1) / MC, col_chunks = (blocks + ITEM_BLOCKS - 1) / ITEM_BLOCKS;
     /* Work items of ITEM_BLOCKS column blocks x one chunk of MC rows, taken dynamically, row chunk by row chunk (so
      * the threads share one chunk of x in L3 at a time): on a shared VM one vCPU is often slowed by the host, and a
@@ -207,11 +342,12 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
     for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
         const work_item_t w = work_item(item, m, k, blocks, col_chunks);
         for (int64_t b = w.lo; b < w.hi; b++) {
-            const int64_t p0 = b * NB;
-            const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
+            const int64_t p0 = b * per_block;
+            const int panels = (int)(panels_total - p0 < per_block ? panels_total - p0 : per_block);
             prefetch_t pf = {NULL, NULL, 0};
             if (b + 1 < w.hi) { /* the item's next block (the next item may go to the other thread) */
-                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, NB, w.iters, 2);
+                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, per_block, w.iters,
+                                         PF_LINES);
             }
             const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
             column_block(x, wp + p0 * PANEL * k, bias, y, w.r_lo, w.r_hi, ldy, k, col0, panels, swiglu, &pf);
@@ -220,36 +356,49 @@ int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y,
     return 0;
 }
 
-/* `panels` float panels [k][8] at out from Q8 panels p0.. (fma_pack_q8's layout): each weight d * q in float32, one
- * rounding, as gguf-py's dequantize (so the sums equal linear_fma_f32's over the float32 weights bit for bit). */
-static inline void dequant_q8_panels(const int8_t *qp, const float *dp, float *out, int64_t p0, int panels,
-                                     int64_t k) {
+/* `panels` float panels [k][PANEL] at out from block panels p0.. (fma_pack_q8's or fma_pack_q4_1's layout, mp NULL
+ * for Q8_0): each weight as gguf-py's float32 dequantize makes it, d * q (Q8_0) or d * q + m (Q4_1), so the sums equal
+ * linear_fma_f32's over the float32 weights bit for bit. */
+static inline void dequant_panels(const uint8_t *qp, const float *dp, const float *mp, float *out, int64_t p0,
+                                  int panels, int64_t k) {
     const int64_t nb = k / 32;
     for (int c = 0; c < panels; c++) {
-        const int8_t *q = qp + (p0 + c) * PANEL * k;
         const float *ds = dp + (p0 + c) * nb * PANEL;
         float *o = out + c * PANEL * k;
-        for (int64_t b = 0; b < nb; b++) {
-            const __m256 scale = _mm256_loadu_ps(ds + b * PANEL);
+        if (mp == NULL) {
+            const int8_t *q = (const int8_t *)qp + (p0 + c) * PANEL * k;
+            for (int64_t b = 0; b < nb; b++) {
+                const vec_t scale = VLOAD(ds + b * PANEL);
 #pragma GCC unroll 8
-            for (int64_t j = b * 32; j < b * 32 + 32; j++) {
-                const __m128i q8 = _mm_loadl_epi64((const __m128i *)(q + j * PANEL));
-                _mm256_store_ps(o + j * PANEL, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale));
+                for (int64_t j = b * 32; j < b * 32 + 32; j++)
+                    VSTORE(o + j * PANEL, dequant_q8_vec(q + j * PANEL, scale));
+            }
+        } else {
+            const uint8_t *q = qp + (p0 + c) * (PANEL / 2) * k;
+            const float *ms = mp + (p0 + c) * nb * PANEL;
+            for (int64_t b = 0; b < nb; b++) {
+                const vec_t scale = VLOAD(ds + b * PANEL), min = VLOAD(ms + b * PANEL);
+#pragma GCC unroll 8
+                for (int64_t j = b * 32; j < b * 32 + 32; j++)
+                    VSTORE(o + j * PANEL, dequant_q4_vec(q + j * (PANEL / 2), scale, min));
             }
         }
     }
 }
 
-/* y = x @ W^T (+ bias) with W in Q8 panels (fma_pack_q8): the same work items and register tiles as linear_fma_f32,
- * each column block first dequantized into a per-thread buffer of two float panels (16 x k floats: 37 KB for k = 576,
- * read by every row block from L1/L2). The weight then takes ~8.5 bits instead of 32: used for the default model's
- * tied lm_head (Q8_0), whose float panels were 113 MB of the float32 engine's memory. x [m, k], y [m, n], n a
- * multiple of 8, k of 32. Returns 0; 1 for a shape not taken; 3 when the buffer cannot be allocated. */
-int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float *bias, float *y, int64_t m, int64_t n,
-                  int64_t k) {
-    if (m < 1 || k < 32 || k % 32 != 0 || n < 1 || n % PANEL != 0) return 1;
-    const int64_t panels_total = n / PANEL, blocks = (panels_total + NB - 1) / NB;
+/* y = x @ W^T (+ bias) with W in block panels (Q8_0 or Q4_1; mp NULL for Q8_0): the same work items and register tiles
+ * as linear_fma_f32, each column block first dequantized into a per-thread buffer of float panels (NB x PANEL x k
+ * floats: 147 KB for k = 576 with AVX-512, 37 with AVX2, read by every row block from L1/L2). With swiglu, as
+ * linear_fma_f32 (the blocks packed with swiglu). */
+static int blocks_driver(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias,
+                         float *y, int64_t m, int64_t n, int64_t k, int swiglu) {
+    if (m < 1 || k < 32 || k % 32 != 0 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL))
+        return 1;
+    const int64_t panels_total = n / PANEL, per_block = swiglu ? 2 : NB;
+    const int64_t blocks = (panels_total + per_block - 1) / per_block, ldy = swiglu ? n / 2 : n;
     const int64_t row_chunks = (m + MC - 1) / MC, col_chunks = (blocks + ITEM_BLOCKS - 1) / ITEM_BLOCKS;
+    /* bytes of quants per panel, for the prefetch of the next block's */
+    const int64_t panel_bytes = mp == NULL ? PANEL * k : PANEL / 2 * k;
     int failed = 0;
 #pragma omp parallel
     {
@@ -263,21 +412,44 @@ int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float
             if (buf == NULL) continue;
             const work_item_t w = work_item(item, m, k, blocks, col_chunks);
             for (int64_t b = w.lo; b < w.hi; b++) {
-                const int64_t p0 = b * NB;
-                const int panels = (int)(panels_total - p0 < NB ? panels_total - p0 : NB);
-                dequant_q8_panels(qp, dp, buf, p0, panels, k);
+                const int64_t p0 = b * per_block;
+                const int panels = (int)(panels_total - p0 < per_block ? panels_total - p0 : per_block);
+                dequant_panels(qp, dp, mp, buf, p0, panels, k);
                 prefetch_t pf = {NULL, NULL, 0};
                 if (b + 1 < w.hi) {
-                    pf = next_block_prefetch((const char *)qp, PANEL * k, panels_total, p0, panels, NB, w.iters, 1);
+                    pf = next_block_prefetch((const char *)qp, panel_bytes, panels_total, p0, panels, per_block,
+                                             w.iters, 1);
                 }
-                column_block(x, buf, bias, y, w.r_lo, w.r_hi, n, k, p0 * PANEL, panels, 0, &pf);
+                const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
+                column_block(x, buf, bias, y, w.r_lo, w.r_hi, ldy, k, col0, panels, swiglu, &pf);
             }
         }
         free(buf);
     }
     return failed ? 3 : 0;
 }
+
+/* y = x @ W^T (+ bias) with W in Q8 panels (fma_pack_q8): ~8.5 bits a weight instead of 32 (the default model's tied
+ * lm_head: 113 -> 32 MB), as fast as the float panels. x [m, k], y [m, n], n a multiple of PANEL, k of 32. Returns 0;
+ * 1 for a shape not taken; 3 when the buffer cannot be allocated. */
+int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float *bias, float *y, int64_t m, int64_t n,
+                  int64_t k) {
+    return blocks_driver(x, (const uint8_t *)qp, dp, NULL, bias, y, m, n, k, 0);
+}
+
+/* y = x @ W^T (+ bias), or with swiglu LlamaMLP's act(gate) * up, with W in Q4_1 panels (fma_pack_q4_1): 5 bits a
+ * weight instead of 32 (the default model's layers: 425 -> 66 MB). x [m, k], y [m, n] ([m, n / 2] with swiglu), n a
+ * multiple of PANEL (2 PANEL with swiglu), k of 32. Returns as linear_fma_q8. */
+int linear_fma_q4_1(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias, float *y,
+                    int64_t m, int64_t n, int64_t k, int swiglu) {
+    return blocks_driver(x, qp, dp, mp, bias, y, m, n, k, swiglu);
+}
 #else
+int linear_fma_q4_1(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias, float *y,
+                    int64_t m, int64_t n, int64_t k, int swiglu) {
+    (void)x, (void)qp, (void)dp, (void)mp, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)swiglu;
+    return 2;
+}
 int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float *bias, float *y, int64_t m, int64_t n,
                   int64_t k) {
     (void)x, (void)qp, (void)dp, (void)bias, (void)y, (void)m, (void)n, (void)k;
