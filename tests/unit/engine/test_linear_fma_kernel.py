@@ -235,27 +235,22 @@ def test_block_panels_refuse_what_they_do_not_take(kernel):
     assert not kernel.supports_blocks(None)
     assert not kernel.supports_blocks(q8, swiglu=True)  # Q8_0 has no gated form
     assert kernel.supports_blocks(q4, swiglu=True)
-    _, odd = block_weight(3 * p, 64, 2, "q4_1")
-    assert kernel.supports_blocks(odd) and not kernel.supports_blocks(
-        odd, swiglu=True
-    )  # 3 panels: no gate/up pairs
+    _, odd = block_weight(3 * p, 64, 2, "q4_1")  # 3 panels: no gate/up pairs
+    assert kernel.supports_blocks(odd) and not kernel.supports_blocks(odd, swiglu=True)
     with pytest.raises(ValueError):
         kernel.pack_blocks(odd, swiglu=True)
     for packed in (kernel.pack_blocks(q8), kernel.pack_blocks(q4)):
-        assert kernel.call_blocks(torch.randn(0, 64), packed, None).shape == (
-            0,
-            2 * p,
-        )  # zero rows in, zero out
+        zero_rows = kernel.call_blocks(torch.randn(0, 64), packed, None)
+        assert zero_rows.shape == (0, 2 * p)  # zero rows in, zero rows out
         with pytest.raises(ValueError):
             kernel.call_blocks(torch.randn(2, 32), packed, None)  # in-features differ
         with pytest.raises(ValueError):
             kernel.call_blocks(torch.randn(2, 64).bfloat16(), packed, None)
         with pytest.raises(ValueError):
-            kernel.call_blocks(torch.randn(2, 64), packed, torch.randn(16))  # bias of the wrong width
+            kernel.call_blocks(torch.randn(2, 64), packed, torch.randn(p))  # bias of the wrong width
+    gated = kernel.pack_blocks(q4, swiglu=True)
     with pytest.raises(ValueError):
-        kernel.call_blocks(
-            torch.randn(2, 64), kernel.pack_blocks(q4, swiglu=True), torch.randn(2 * p)
-        )  # no bias
+        kernel.call_blocks(torch.randn(2, 64), gated, torch.randn(2 * p))  # no bias with the SiLU epilogue
 
 
 def test_a_float32_runner_reads_a_q8_lm_head_from_its_blocks(kernel, tiny_loaded):
