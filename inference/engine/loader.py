@@ -89,8 +89,8 @@ def cpu_has_amx() -> bool:
 
 
 def cpu_has_avx512() -> bool:
-    """``True`` when this CPU has AVX-512 (F): there oneDNN's float32 GEMM runs 512-bit FMAs, twice the width of the
-    native float32 kernel's (``kernels/linear_fma.c``), which the runner then leaves to oneDNN."""
+    """``True`` when this CPU has AVX-512 (torch's check): there the native float32 kernel (``kernels/linear_fma.c``) is
+    built for 512-bit registers, with panels of 16 columns (``LinearFma.panel``)."""
     return _torch_cpu_supports("_is_avx512_supported")
 
 
