@@ -34,10 +34,16 @@
 #define MAX_REP 8
 #ifdef __AVX512F__
 #define VL 16 /* floats per vector register */
-#define RB 4  /* rows per register block: 4 rows x 4 vectors of accumulators, AVX-512's 32 registers */
+/* rows per register block: 6 rows x 4 vectors of accumulators in AVX-512's 32 registers (a 1500-token prompt's
+ * float32 attention over 30 layers on a 2-vCPU Zen 5: 4 rows 297 ms, 6 rows 256, 8 rows 274) */
+#ifndef RB
+#define RB 6
+#endif
 #else
 #define VL 8 /* AVX2: 16 registers of 8 floats */
+#ifndef RB
 #define RB 2
+#endif
 #endif
 #define CB 4 /* vectors of columns per register block */
 
