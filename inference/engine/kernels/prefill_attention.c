@@ -201,85 +201,6 @@ static void pack_tile(const uint16_t *kb, const uint16_t *vb, uint32_t *kp, uint
     }
 }
 
-/* One work item over tiles packed once per call (shared by every query block of the chunk and KV head). */
-static void item_bf16_dp(const uint16_t *q, const uint32_t *kp_tiles, const uint32_t *vp_tiles, uint16_t *out,
-                         int64_t q0, int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd,
-                         float scale, scratch_t *w) {
-    const int64_t rows = nq * rep, padded = (rows + 3) / 4 * 4, pairs = hd / 2;
-    const uint32_t *qrow[BQ * MAX_REP + 4];
-    for (int64_t r = 0; r < padded; r++) {
-        const int64_t rr = r < rows ? r : rows - 1, qi = q0 + rr / rep, h = rr % rep;
-        qrow[r] = (const uint32_t *)(q + ((qi * nkv + g) * rep + h) * hd);
-        memset(w->acc + r * hd, 0, sizeof(float) * (size_t)hd);
-        w->m[r] = -INFINITY;
-        w->l[r] = 0.f;
-    }
-    const int64_t kend = start + q0 + nq;
-    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
-        const int64_t nb = kend - k0 < BK ? kend - k0 : BK, nb2 = (nb + 1) / 2;
-        const uint32_t *kp = kp_tiles + (k0 / BK) * BK * pairs, *vp = vp_tiles + (k0 / BK) * BK * pairs;
-        for (int64_t r = 0; r < padded; r += 4) {
-            __m512 a[4][BK / 16];
-            for (int i = 0; i < 4; i++)
-                for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_setzero_ps();
-            for (int64_t p = 0; p < pairs; p++) {
-                __m512bh kv[BK / 16];
-                for (int c = 0; c < BK / 16; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kp + p * BK + c * 16);
-                for (int i = 0; i < 4; i++) {
-                    const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qrow[r + i][p]);
-                    for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qv, kv[c]);
-                }
-            }
-            for (int i = 0; i < 4; i++)
-                for (int c = 0; c < BK / 16; c++) _mm512_storeu_ps(w->s + (r + i) * BK + c * 16, a[i][c]);
-        }
-        for (int64_t r = 0; r < padded; r++) {
-            const int64_t rr = r < rows ? r : rows - 1;
-            float *sr = w->s + r * BK;
-            uint16_t *pr = w->pb + r * BK;
-            const int64_t nv = softmax_row(sr, start + q0 + rr / rep - k0, nb, scale, w->m + r, w->l + r,
-                                           w->acc + r * hd, hd);
-            for (int64_t j = 0; j < nv; j++) pr[j] = f32_to_bf16(sr[j]);
-            for (int64_t j = nv > 0 ? nv : 0; j < BK; j++) pr[j] = 0;
-        }
-        for (int64_t r = 0; r < padded; r += 4) {
-            const uint32_t *pr = (const uint32_t *)(w->pb + r * BK);
-            for (int64_t d0 = 0; d0 < hd; d0 += 64) {
-                __m512 a[4][4];
-                for (int i = 0; i < 4; i++)
-                    for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(w->acc + (r + i) * hd + d0 + c * 16);
-                for (int64_t jj = 0; jj < nb2; jj++) {
-                    __m512bh vv[4];
-                    for (int c = 0; c < 4; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vp + jj * hd + d0 + c * 16);
-                    for (int i = 0; i < 4; i++) {
-                        const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pr[i * (BK / 2) + jj]);
-                        for (int c = 0; c < 4; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], pv, vv[c]);
-                    }
-                }
-                for (int i = 0; i < 4; i++)
-                    for (int c = 0; c < 4; c++) _mm512_storeu_ps(w->acc + (r + i) * hd + d0 + c * 16, a[i][c]);
-            }
-        }
-    }
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t qi = q0 + r / rep, h = r % rep;
-        uint16_t *dst = out + ((qi * nkv + g) * rep + h) * hd;
-        const float inv = 1.f / w->l[r];
-        for (int64_t d = 0; d < hd; d++) dst[d] = f32_to_bf16(w->acc[r * hd + d] * inv);
-    }
-}
-#endif
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define HAVE_AMX 1
-int linear_amx_available(void); /* linear_amx.c: asks Linux for the tile state once */
-
-/* The same work item on AMX tiles (TDPBF16PS: C[16 x 16] float += A[16 x 32] bf16 . B[16 pairs x 16] bf16), over
- * the same packed tiles: K's [hd/2][BK][2] is B for the scores (dims in pairs down, keys across), V's
- * [BK/2][hd][2] is B for P.V (keys in pairs down, dims across). Rows (query, rep head) go 16 at a time: their
- * queries copied into qb as A, the scores of 4 key groups in 4 accumulator tiles; the probabilities (bf16, as
- * the dot-product path) are A for P.V, whose accumulators are loaded from and stored back to acc, where the
- * softmax rescales them. Needs hd % 32 == 0 and hd <= 64 * 4 ... hd == 64 here (4 tiles of 16 dims). */
 /* exp of 16 floats: 2^(x log2 e) as 2^n (VSCALEFPS, which takes n <= -150 to 0) times e^y, |y| <= ln2 / 2, by its
  * Taylor polynomial to degree 6 (relative error < 2e-7, float's own rounding; libmvec's expf took ~60 % of the
  * row's softmax). */
@@ -298,8 +219,11 @@ static inline __m512 exp16(__m512 x) {
 }
 
 /* softmax_row for one row of BK == 64 scores in AVX-512 registers, hd == 64: the probabilities go out as bf16 (pr),
- * zeros past the visible keys (last + 1 of nb); the row's max m, sum l and accumulator acc are updated. */
-static inline void softmax_row_amx(const float *sr, uint16_t *pr, int64_t last, int64_t nb, float scale, float *m,
+ * zeros past the visible keys (last + 1 of nb); the row's max m (finite: -1e30 before the first tile), sum l and
+ * accumulator acc are updated. The AMX path's and the dot-product path's softmax for that head size: the generic
+ * softmax_row's scalar loops and libmvec's expf took ~37 % of the dot-product path's time (a 1500-token prompt, 2-vCPU
+ * Zen 5: 166-171 ms over 30 layers, 108 without the softmax). */
+static inline void softmax_row_64(const float *sr, uint16_t *pr, int64_t last, int64_t nb, float scale, float *m,
                                    float *l, float *acc) {
     const int64_t nv = last + 1 < nb ? last + 1 : nb;
     if (nv <= 0) {
@@ -335,6 +259,89 @@ static inline void softmax_row_amx(const float *sr, uint16_t *pr, int64_t last, 
     for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), cv));
 }
 
+/* One work item over tiles packed once per call (shared by every query block of the chunk and KV head). */
+static void item_bf16_dp(const uint16_t *q, const uint32_t *kp_tiles, const uint32_t *vp_tiles, uint16_t *out,
+                         int64_t q0, int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd,
+                         float scale, scratch_t *w) {
+    const int64_t rows = nq * rep, padded = (rows + 3) / 4 * 4, pairs = hd / 2;
+    const uint32_t *qrow[BQ * MAX_REP + 4];
+    for (int64_t r = 0; r < padded; r++) {
+        const int64_t rr = r < rows ? r : rows - 1, qi = q0 + rr / rep, h = rr % rep;
+        qrow[r] = (const uint32_t *)(q + ((qi * nkv + g) * rep + h) * hd);
+        memset(w->acc + r * hd, 0, sizeof(float) * (size_t)hd);
+        w->m[r] = hd == 64 ? -1e30f : -INFINITY; /* softmax_row_64 needs it finite (exp16 of it is 0) */
+        w->l[r] = 0.f;
+    }
+    const int64_t kend = start + q0 + nq;
+    for (int64_t k0 = 0; k0 < kend; k0 += BK) {
+        const int64_t nb = kend - k0 < BK ? kend - k0 : BK, nb2 = (nb + 1) / 2;
+        const uint32_t *kp = kp_tiles + (k0 / BK) * BK * pairs, *vp = vp_tiles + (k0 / BK) * BK * pairs;
+        for (int64_t r = 0; r < padded; r += 4) {
+            __m512 a[4][BK / 16];
+            for (int i = 0; i < 4; i++)
+                for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < pairs; p++) {
+                __m512bh kv[BK / 16];
+                for (int c = 0; c < BK / 16; c++) kv[c] = (__m512bh)_mm512_loadu_si512(kp + p * BK + c * 16);
+                for (int i = 0; i < 4; i++) {
+                    const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qrow[r + i][p]);
+                    for (int c = 0; c < BK / 16; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], qv, kv[c]);
+                }
+            }
+            for (int i = 0; i < 4; i++)
+                for (int c = 0; c < BK / 16; c++) _mm512_storeu_ps(w->s + (r + i) * BK + c * 16, a[i][c]);
+        }
+        for (int64_t r = 0; r < padded; r++) {
+            const int64_t rr = r < rows ? r : rows - 1;
+            float *sr = w->s + r * BK;
+            uint16_t *pr = w->pb + r * BK;
+            if (hd == 64) {
+                softmax_row_64(sr, pr, start + q0 + rr / rep - k0, nb, scale, w->m + r, w->l + r, w->acc + r * hd);
+                continue;
+            }
+            const int64_t nv = softmax_row(sr, start + q0 + rr / rep - k0, nb, scale, w->m + r, w->l + r,
+                                           w->acc + r * hd, hd);
+            for (int64_t j = 0; j < nv; j++) pr[j] = f32_to_bf16(sr[j]);
+            for (int64_t j = nv > 0 ? nv : 0; j < BK; j++) pr[j] = 0;
+        }
+        for (int64_t r = 0; r < padded; r += 4) {
+            const uint32_t *pr = (const uint32_t *)(w->pb + r * BK);
+            for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+                __m512 a[4][4];
+                for (int i = 0; i < 4; i++)
+                    for (int c = 0; c < 4; c++) a[i][c] = _mm512_loadu_ps(w->acc + (r + i) * hd + d0 + c * 16);
+                for (int64_t jj = 0; jj < nb2; jj++) {
+                    __m512bh vv[4];
+                    for (int c = 0; c < 4; c++) vv[c] = (__m512bh)_mm512_loadu_si512(vp + jj * hd + d0 + c * 16);
+                    for (int i = 0; i < 4; i++) {
+                        const __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pr[i * (BK / 2) + jj]);
+                        for (int c = 0; c < 4; c++) a[i][c] = _mm512_dpbf16_ps(a[i][c], pv, vv[c]);
+                    }
+                }
+                for (int i = 0; i < 4; i++)
+                    for (int c = 0; c < 4; c++) _mm512_storeu_ps(w->acc + (r + i) * hd + d0 + c * 16, a[i][c]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t qi = q0 + r / rep, h = r % rep;
+        uint16_t *dst = out + ((qi * nkv + g) * rep + h) * hd;
+        const float inv = 1.f / w->l[r];
+        for (int64_t d = 0; d < hd; d++) dst[d] = f32_to_bf16(w->acc[r * hd + d] * inv);
+    }
+}
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(HAVE_BF16_DP)
+#define HAVE_AMX 1
+int linear_amx_available(void); /* linear_amx.c: asks Linux for the tile state once */
+
+/* The same work item on AMX tiles (TDPBF16PS: C[16 x 16] float += A[16 x 32] bf16 . B[16 pairs x 16] bf16), over
+ * the same packed tiles: K's [hd/2][BK][2] is B for the scores (dims in pairs down, keys across), V's
+ * [BK/2][hd][2] is B for P.V (keys in pairs down, dims across). Rows (query, rep head) go 16 at a time: their
+ * queries copied into qb as A, the scores of 4 key groups in 4 accumulator tiles; the probabilities (bf16, as
+ * the dot-product path) are A for P.V, whose accumulators are loaded from and stored back to acc, where the
+ * softmax rescales them. Needs hd % 32 == 0 and hd <= 64 * 4 ... hd == 64 here (4 tiles of 16 dims). */
 static void item_amx(const uint16_t *q, const uint32_t *kp_tiles, const uint32_t *vp_tiles, uint16_t *out,
                      int64_t q0, int64_t nq, int64_t start, int64_t g, int64_t nkv, int64_t rep, int64_t hd,
                      float scale, scratch_t *w) {
@@ -374,7 +381,7 @@ static void item_amx(const uint16_t *q, const uint32_t *kp_tiles, const uint32_t
         }
         for (int64_t r = 0; r < padded; r++) {
             const int64_t rr = r < rows ? r : rows - 1;
-            softmax_row_amx(w->s + r * BK, w->pb + r * BK, start + q0 + rr / rep - k0, nb, scale, w->m + r,
+            softmax_row_64(w->s + r * BK, w->pb + r * BK, start + q0 + rr / rep - k0, nb, scale, w->m + r,
                             w->l + r, w->acc + r * hd);
         }
         for (int64_t r = 0; r < padded; r += 16) {
