@@ -504,10 +504,10 @@ class ModelRunner:
             wqkv, bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _fuse([mlp.gate_proj, mlp.up_proj])
             inter = mlp.gate_proj.out_features
-            # The gate/up blocks: the loader's (bf16), or recovered from the float32 weight for the few-rows kernel
-            # and, in float32, the tile kernel's Q4_1 panels.
+            # The gate/up blocks, the loader's or recovered here as _Linear would (they also feed the gated form's
+            # Q4_1 panels in float32).
             gu_blocks = exact(mlp.gate_proj, mlp.up_proj)
-            if gu_blocks is None and blocks is not None and wgu.dtype == torch.float32:
+            if gu_blocks is None and blocks is not None:
                 gu_blocks = block_quant.recover(wgu)
             gated: _GatedUp | _TiledGatedUp | None = None
             if tiled is not None and bgu is None:

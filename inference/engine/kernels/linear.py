@@ -361,12 +361,6 @@ class TiledBlocks(NamedTuple):
     def out_features(self) -> int:
         return self.dp.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held (quants and scales)."""
-        parts = (self.qp, self.dp, self.mp) if self.mp is not None else (self.qp, self.dp)
-        return sum(t.numel() * t.element_size() for t in parts)
-
 
 class LinearFma(_PackedLinear):
     """``linear_fma.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the
@@ -430,12 +424,10 @@ class LinearFma(_PackedLinear):
             )
         n, nb = weight.d.shape
         k = nb * QK
-        dp = torch.empty_like(weight.d)
+        qp, dp = torch.empty_like(weight.qs), torch.empty_like(weight.d)
         if weight.kind == "q8_0":
-            qp = torch.empty_like(weight.qs)
             self._pack_q8(weight.qs.data_ptr(), weight.d.data_ptr(), qp.data_ptr(), dp.data_ptr(), n, k)
             return TiledBlocks("q8_0", qp, dp, None, False)
-        qp = torch.empty_like(weight.qs)
         mp = torch.empty_like(weight.mn)
         self._pack_q4(
             weight.qs.data_ptr(),

@@ -46,30 +46,20 @@
 
 #include "tiles.h"
 
-/* The register tile's shape, by vector width. AVX2: panels of 8 columns (one ymm), 6 x 16 sums in 12 of the 16 ymm
- * (BLIS's haswell sgemm). AVX-512: panels of 16 columns (one zmm), 6 x 64 sums in 24 of the 32 zmm, 4 weight loads and
- * 6 broadcasts per 24 FMAs (measured fastest of 12 x 32, 8 x 48 and 6 x 64 on a Zen 5; -D overrides for such
- * experiments). A work item keeps 64 columns either way. */
+/* The register tile's shape, by vector width: MR = 6 rows by NB panels of PANEL columns. AVX2: panels of 8 columns (one
+ * ymm), 6 x 16 sums in 12 of the 16 ymm (BLIS's haswell sgemm). AVX-512: panels of 16 columns (one zmm), 6 x 64 sums
+ * in 24 of the 32 zmm, 4 weight loads and 6 broadcasts per 24 FMAs (measured fastest of 12 x 32, 8 x 48 and 6 x 64 on
+ * a Zen 5). A work item keeps 64 columns either way. */
 #if defined(__AVX512F__)
 #define PANEL 16
-#ifndef MR
-#define MR 6
-#endif
-#ifndef NB
 #define NB 4
-#endif
-#ifndef ITEM_BLOCKS
 #define ITEM_BLOCKS 1
-#endif
 #else
 #define PANEL 8
-#define MR 6
 #define NB 2          /* panels per column block */
 #define ITEM_BLOCKS 4 /* column blocks per work item */
 #endif
-#ifndef PF_LINES
-#define PF_LINES 2 /* most cache lines of the next block prefetched per k step */
-#endif
+#define MR 6  /* rows per register block */
 #define MC 96 /* rows per chunk: 96 x 1536 floats = 590 KB, within a Zen core's L2; a multiple of MR */
 
 /* The panel width this object was built with: output columns per panel (8 with AVX2, 16 with AVX-512). The packed
@@ -214,7 +204,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
                                                        int64_t ldy, int64_t k, int64_t col0, const int rows,
                                                        const int panels, const int swiglu, prefetch_t *pf) {
     vec_t acc[MR][NB];
-#pragma GCC unroll 12
+#pragma GCC unroll 6
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < NB; c++) acc[r][c] = VZERO();
@@ -225,7 +215,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
 #pragma GCC unroll 4
         for (int c = 0; c < NB; c++)
             if (c < panels) w[c] = VLOAD(wp + c * panel_stride + j * PANEL);
-#pragma GCC unroll 12
+#pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
             if (r < rows) {
                 const vec_t xb = VBROADCAST(x + r * k + j);
@@ -241,7 +231,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
         /* The sums go to memory first: swiglu_vec calls libmvec's expf, across which no vector register survives (all
          * are caller-saved), so calling it on live accumulators spilled the others around every call. */
         float g[MR][PANEL], u[MR][PANEL];
-#pragma GCC unroll 12
+#pragma GCC unroll 6
         for (int r = 0; r < MR; r++) {
             if (r >= rows) continue;
             VSTORE(g[r], acc[r][0]);
@@ -250,7 +240,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
         for (int r = 0; r < rows; r++) VSTORE(y + r * ldy + col0, swiglu_vec(VLOAD(g[r]), VLOAD(u[r])));
         return;
     }
-#pragma GCC unroll 12
+#pragma GCC unroll 6
     for (int r = 0; r < MR; r++) {
         if (r >= rows) continue;
 #pragma GCC unroll 4
@@ -264,28 +254,21 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
 }
 
 /* One register tile of `rows` rows: a case per row count, so that the tile's loops unroll with constant counts. */
-#define TILE_CASE(R, P, SW) \
-    case R: tile(xr, wb, bias, yr, ldy, k, col0, R, P, SW, pf); break;
-#if MR > 6
-#define WIDE_CASES(P, SW) \
-    TILE_CASE(12, P, SW) TILE_CASE(11, P, SW) TILE_CASE(10, P, SW) TILE_CASE(9, P, SW) TILE_CASE(8, P, SW) \
-    TILE_CASE(7, P, SW)
-#else
-#define WIDE_CASES(P, SW)
-#endif
-#define ROWS_CASES(P, SW)                                                                                    \
-    switch (rows) {                                                                                          \
-        WIDE_CASES(P, SW)                                                                                    \
-        TILE_CASE(6, P, SW) TILE_CASE(5, P, SW) TILE_CASE(4, P, SW) TILE_CASE(3, P, SW) TILE_CASE(2, P, SW) \
+#define ROWS_CASES(P, SW)                                                                                      \
+    switch (rows) {                                                                                            \
+        case 6: tile(xr, wb, bias, yr, ldy, k, col0, 6, P, SW, pf); break;                                   \
+        case 5: tile(xr, wb, bias, yr, ldy, k, col0, 5, P, SW, pf); break;                                   \
+        case 4: tile(xr, wb, bias, yr, ldy, k, col0, 4, P, SW, pf); break;                                   \
+        case 3: tile(xr, wb, bias, yr, ldy, k, col0, 3, P, SW, pf); break;                                   \
+        case 2: tile(xr, wb, bias, yr, ldy, k, col0, 2, P, SW, pf); break;                                   \
         default: tile(xr, wb, bias, yr, ldy, k, col0, 1, P, SW, pf); break;                                  \
     }
 
 /* Rows [r_lo, r_hi) of one column block: `panels` panels starting at wb, output from column col0 of y. */
 static void column_block(const float *x, const float *wb, const float *bias, float *y, int64_t r_lo, int64_t r_hi,
                          int64_t ldy, int64_t k, int64_t col0, int panels, int swiglu, prefetch_t *pf) {
-    /* ceil((r_hi - r_lo) / MR) row blocks of near-equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than 5 x 6 and a 2
-     * with AVX2; 11, 11, 10 with AVX-512): a tile of few rows has too few independent sums to cover the FMA latency
-     * (4 cycles, 2 units: 8 in flight). */
+    /* ceil((r_hi - r_lo) / MR) row blocks of near-equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than 5 x 6 and a 2):
+     * a tile of few rows has too few independent sums to cover the FMA latency (4 cycles, 2 units: 8 in flight). */
     const int64_t total = r_hi - r_lo, nblk = (total + MR - 1) / MR, base = total / nblk, extra = total % nblk;
     int64_t r0 = r_lo;
     for (int64_t i = 0; i < nblk; i++) {
@@ -294,13 +277,11 @@ static void column_block(const float *x, const float *wb, const float *bias, flo
         float *yr = y + r0 * ldy;
         if (swiglu) {
             ROWS_CASES(2, 1)
-#if NB > 2
-        } else if (panels == 3) {
-            ROWS_CASES(3, 0)
-#endif
-#if NB > 3
+#if NB == 4
         } else if (panels == 4) {
             ROWS_CASES(4, 0)
+        } else if (panels == 3) {
+            ROWS_CASES(3, 0)
 #endif
         } else if (panels == 2) {
             ROWS_CASES(2, 0)
@@ -327,46 +308,17 @@ static inline work_item_t work_item(int64_t item, int64_t m, int64_t k, int64_t 
     return w;
 }
 
-int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
-                   int swiglu) {
-    if (m < 1 || k < 1 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL)) return 1;
-    const int64_t panels_total = n / PANEL;
-    const int64_t per_block = swiglu ? 2 : NB; /* a swiglu block is one gate and one up panel */
-    const int64_t blocks = (panels_total + per_block - 1) / per_block, ldy = swiglu ? n / 2 : n;
-    const int64_t row_chunks = (m + MC - 1) / MC, col_chunks = (blocks + ITEM_BLOCKS - 1) / ITEM_BLOCKS;
-    /* Work items of ITEM_BLOCKS column blocks x one chunk of MC rows, taken dynamically, row chunk by row chunk (so
-     * the threads share one chunk of x in L3 at a time): on a shared VM one vCPU is often slowed by the host, and a
-     * static split then made every call wait for it (the N=32 prefill was 5-8 % slower than oneDNN's, which
-     * balances). */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
-        const work_item_t w = work_item(item, m, k, blocks, col_chunks);
-        for (int64_t b = w.lo; b < w.hi; b++) {
-            const int64_t p0 = b * per_block;
-            const int panels = (int)(panels_total - p0 < per_block ? panels_total - p0 : per_block);
-            prefetch_t pf = {NULL, NULL, 0};
-            if (b + 1 < w.hi) { /* the item's next block (the next item may go to the other thread) */
-                pf = next_block_prefetch((const char *)wp, PANEL * k * 4, panels_total, p0, panels, per_block, w.iters,
-                                         PF_LINES);
-            }
-            const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
-            column_block(x, wp + p0 * PANEL * k, bias, y, w.r_lo, w.r_hi, ldy, k, col0, panels, swiglu, &pf);
-        }
-    }
-    return 0;
-}
-
 /* `panels` float panels [k][PANEL] at out from block panels p0.. (fma_pack_q8's or fma_pack_q4_1's layout, mp NULL
  * for Q8_0): each weight as gguf-py's float32 dequantize makes it, d * q (Q8_0) or d * q + m (Q4_1), so the sums equal
  * linear_fma_f32's over the float32 weights bit for bit. */
-static inline void dequant_panels(const uint8_t *qp, const float *dp, const float *mp, float *out, int64_t p0,
+static inline void dequant_panels(const void *w, const float *dp, const float *mp, float *out, int64_t p0,
                                   int panels, int64_t k) {
     const int64_t nb = k / 32;
     for (int c = 0; c < panels; c++) {
         const float *ds = dp + (p0 + c) * nb * PANEL;
         float *o = out + c * PANEL * k;
         if (mp == NULL) {
-            const int8_t *q = (const int8_t *)qp + (p0 + c) * PANEL * k;
+            const int8_t *q = (const int8_t *)w + (p0 + c) * PANEL * k;
             for (int64_t b = 0; b < nb; b++) {
                 const vec_t scale = VLOAD(ds + b * PANEL);
 #pragma GCC unroll 8
@@ -374,7 +326,7 @@ static inline void dequant_panels(const uint8_t *qp, const float *dp, const floa
                     VSTORE(o + j * PANEL, dequant_q8_vec(q + j * PANEL, scale));
             }
         } else {
-            const uint8_t *q = qp + (p0 + c) * (PANEL / 2) * k;
+            const uint8_t *q = (const uint8_t *)w + (p0 + c) * (PANEL / 2) * k;
             const float *ms = mp + (p0 + c) * nb * PANEL;
             for (int64_t b = 0; b < nb; b++) {
                 const vec_t scale = VLOAD(ds + b * PANEL), min = VLOAD(ms + b * PANEL);
@@ -386,42 +338,51 @@ static inline void dequant_panels(const uint8_t *qp, const float *dp, const floa
     }
 }
 
-/* y = x @ W^T (+ bias) with W in block panels (Q8_0 or Q4_1; mp NULL for Q8_0): the same work items and register tiles
- * as linear_fma_f32, each column block first dequantized into a per-thread buffer of float panels (NB x PANEL x k
- * floats: 147 KB for k = 576 with AVX-512, 37 with AVX2, read by every row block from L1/L2). With swiglu, as
- * linear_fma_f32 (the blocks packed with swiglu). */
-static int blocks_driver(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias,
-                         float *y, int64_t m, int64_t n, int64_t k, int swiglu) {
-    if (m < 1 || k < 32 || k % 32 != 0 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL))
-        return 1;
-    const int64_t panels_total = n / PANEL, per_block = swiglu ? 2 : NB;
+/* The work of every entry point below: y = x @ W^T (+ bias), or with swiglu the gate/up activations, with W as float
+ * panels at w (dp NULL: fma_pack_f32's layout) or as block panels (fma_pack_q8's, mp NULL, or fma_pack_q4_1's), each
+ * column block of those first dequantized into a per-thread buffer of float panels (NB x PANEL x k floats: 147 KB for
+ * k = 576 with AVX-512, 37 with AVX2, read by every row block from L1/L2). Work items of ITEM_BLOCKS column blocks x
+ * one chunk of MC rows, taken dynamically, row chunk by row chunk (so the threads share one chunk of x in L3 at a
+ * time): on a shared VM one vCPU is often slowed by the host, and a static split then made every call wait for it (the
+ * N=32 prefill was 5-8 % slower than oneDNN's, which balances). The shape is the caller's to check. Returns 0, or 3
+ * when a buffer cannot be allocated. */
+static int run_tiles(const float *x, const void *w, const float *dp, const float *mp, const float *bias, float *y,
+                     int64_t m, int64_t n, int64_t k, int swiglu) {
+    const int64_t panels_total = n / PANEL;
+    const int64_t per_block = swiglu ? 2 : NB; /* a swiglu block is one gate and one up panel */
     const int64_t blocks = (panels_total + per_block - 1) / per_block, ldy = swiglu ? n / 2 : n;
     const int64_t row_chunks = (m + MC - 1) / MC, col_chunks = (blocks + ITEM_BLOCKS - 1) / ITEM_BLOCKS;
-    /* bytes of quants per panel, for the prefetch of the next block's */
-    const int64_t panel_bytes = mp == NULL ? PANEL * k : PANEL / 2 * k;
+    const int floats = dp == NULL;
+    /* bytes of the weight per panel, and the most cache lines of the next block prefetched per k step */
+    const int64_t panel_bytes = floats ? PANEL * k * 4 : mp == NULL ? PANEL * k : PANEL / 2 * k;
+    const int pf_lines = floats ? 2 : 1;
     int failed = 0;
 #pragma omp parallel
     {
-        float *buf = aligned_alloc(64, (size_t)(NB * PANEL * k * sizeof(float) + 63) / 64 * 64);
-        if (buf == NULL) {
+        float *buf = floats ? NULL : aligned_alloc(64, (size_t)(NB * PANEL * k * sizeof(float) + 63) / 64 * 64);
+        const int ok = floats || buf != NULL;
+        if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < row_chunks * col_chunks; item++) {
-            if (buf == NULL) continue;
-            const work_item_t w = work_item(item, m, k, blocks, col_chunks);
-            for (int64_t b = w.lo; b < w.hi; b++) {
+            if (!ok) continue;
+            const work_item_t wi = work_item(item, m, k, blocks, col_chunks);
+            for (int64_t b = wi.lo; b < wi.hi; b++) {
                 const int64_t p0 = b * per_block;
                 const int panels = (int)(panels_total - p0 < per_block ? panels_total - p0 : per_block);
-                dequant_panels(qp, dp, mp, buf, p0, panels, k);
+                const float *wb = (const float *)w + p0 * PANEL * k;
+                if (!floats) {
+                    dequant_panels(w, dp, mp, buf, p0, panels, k);
+                    wb = buf;
+                }
                 prefetch_t pf = {NULL, NULL, 0};
-                if (b + 1 < w.hi) {
-                    pf = next_block_prefetch((const char *)qp, panel_bytes, panels_total, p0, panels, per_block,
-                                             w.iters, 1);
+                if (b + 1 < wi.hi) { /* the item's next block (the next item may go to the other thread) */
+                    pf = next_block_prefetch(w, panel_bytes, panels_total, p0, panels, per_block, wi.iters, pf_lines);
                 }
                 const int64_t col0 = swiglu ? b * PANEL : p0 * PANEL;
-                column_block(x, buf, bias, y, w.r_lo, w.r_hi, ldy, k, col0, panels, swiglu, &pf);
+                column_block(x, wb, bias, y, wi.r_lo, wi.r_hi, ldy, k, col0, panels, swiglu, &pf);
             }
         }
         free(buf);
@@ -429,12 +390,25 @@ static int blocks_driver(const float *x, const uint8_t *qp, const float *dp, con
     return failed ? 3 : 0;
 }
 
+int linear_fma_f32(const float *x, const float *wp, const float *bias, float *y, int64_t m, int64_t n, int64_t k,
+                   int swiglu) {
+    if (m < 1 || k < 1 || n < 1 || n % (swiglu ? 2 * PANEL : PANEL) != 0 || (swiglu && bias != NULL)) return 1;
+    return run_tiles(x, wp, NULL, NULL, bias, y, m, n, k, swiglu);
+}
+
+/* Whether a call on block panels takes this shape (k whole blocks of 32). */
+static inline int blocks_shape_ok(int64_t m, int64_t n, int64_t k, int swiglu, const float *bias) {
+    return m >= 1 && k >= 32 && k % 32 == 0 && n >= 1 && n % (swiglu ? 2 * PANEL : PANEL) == 0 &&
+           !(swiglu && bias != NULL);
+}
+
 /* y = x @ W^T (+ bias) with W in Q8 panels (fma_pack_q8): ~8.5 bits a weight instead of 32 (the default model's tied
  * lm_head: 113 -> 32 MB), as fast as the float panels. x [m, k], y [m, n], n a multiple of PANEL, k of 32. Returns 0;
  * 1 for a shape not taken; 3 when the buffer cannot be allocated. */
 int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float *bias, float *y, int64_t m, int64_t n,
                   int64_t k) {
-    return blocks_driver(x, (const uint8_t *)qp, dp, NULL, bias, y, m, n, k, 0);
+    if (!blocks_shape_ok(m, n, k, 0, bias)) return 1;
+    return run_tiles(x, qp, dp, NULL, bias, y, m, n, k, 0);
 }
 
 /* y = x @ W^T (+ bias), or with swiglu LlamaMLP's act(gate) * up, with W in Q4_1 panels (fma_pack_q4_1): 5 bits a
@@ -442,7 +416,8 @@ int linear_fma_q8(const float *x, const int8_t *qp, const float *dp, const float
  * multiple of PANEL (2 PANEL with swiglu), k of 32. Returns as linear_fma_q8. */
 int linear_fma_q4_1(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias, float *y,
                     int64_t m, int64_t n, int64_t k, int swiglu) {
-    return blocks_driver(x, qp, dp, mp, bias, y, m, n, k, swiglu);
+    if (!blocks_shape_ok(m, n, k, swiglu, bias)) return 1;
+    return run_tiles(x, qp, dp, mp, bias, y, m, n, k, swiglu);
 }
 #else
 int linear_fma_q4_1(const float *x, const uint8_t *qp, const float *dp, const float *mp, const float *bias, float *y,

@@ -36,14 +36,10 @@
 #define VL 16 /* floats per vector register */
 /* rows per register block: 6 rows x 4 vectors of accumulators in AVX-512's 32 registers (a 1500-token prompt's
  * float32 attention over 30 layers on a 2-vCPU Zen 5: 4 rows 297 ms, 6 rows 256, 8 rows 274) */
-#ifndef RB
 #define RB 6
-#endif
 #else
 #define VL 8 /* AVX2: 16 registers of 8 floats */
-#ifndef RB
 #define RB 2
-#endif
 #endif
 #define CB 4 /* vectors of columns per register block */
 
@@ -224,7 +220,7 @@ static inline __m512 exp16(__m512 x) {
  * softmax_row's scalar loops and libmvec's expf took ~37 % of the dot-product path's time (a 1500-token prompt, 2-vCPU
  * Zen 5: 166-171 ms over 30 layers, 108 without the softmax). */
 static inline void softmax_row_64(const float *sr, uint16_t *pr, int64_t last, int64_t nb, float scale, float *m,
-                                   float *l, float *acc) {
+                                  float *l, float *acc) {
     const int64_t nv = last + 1 < nb ? last + 1 : nb;
     if (nv <= 0) {
         memset(pr, 0, sizeof(uint16_t) * BK);
