@@ -75,7 +75,7 @@ def generations_redispatch_queued(*, after_s: float | None = None, limit: int = 
     copies) while one lost with a dying worker is re-sent within ``after_s`` seconds.
 
     At-least-once delivery made safe: a duplicate task finds the reply no longer ``queued`` and skips it,
-    since only one ``queued -> streaming`` claim (:func:`generation_start`) can succeed. Several reapers
+    since only one ``queued -> streaming`` claim (``generation_worker.generation_start``) can succeed. Several reapers
     (one per worker) may run at once; the conditional UPDATE of ``updated_at`` lets one of them win each
     round. Returns the ids re-dispatched, oldest first."""
     after_s = settings.QUEUED_REDISPATCH_S if after_s is None else after_s

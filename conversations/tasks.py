@@ -1,7 +1,7 @@
 """Celery tasks of the GPU workers that belong to a reply's life. Thin: parse, call the reply runner.
 
 The task keeps the name ``inference.generate_reply`` under which the web processes send it
-(``generations.GENERATE_TASK``), so messages already queued under that name still route. The worker's own
+(``reply_dispatch.GENERATE_TASK``), so messages already queued under that name still route. The worker's own
 lifecycle (engine load, draining, shutdown) is wired in ``inference/worker_signals.py``.
 """
 

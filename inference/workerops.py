@@ -1,6 +1,6 @@
 """Worker-process side of observability and fleet operations, wired to Celery signals by
-``inference/worker_signals.py``: the Prometheus endpoint and engine collector, the versioned queue of a blue-green
-rollout, and draining (``manage.py drain`` or SIGTERM).
+``inference/worker_signals.py``: the Prometheus endpoint and engine collector, the versioned queue of a
+blue-green rollout, and draining (``manage.py drain`` or SIGTERM).
 
 Draining, two ways that behave the same:
 

@@ -238,7 +238,8 @@ class ApiMetricsMiddleware:
 
 
 class ReplyTimer:
-    """Per-reply observer used by the reply runner (``conversations.reply_runner``): ITL between deltas and the finish event's figures.
+    """Per-reply observer used by the reply runner (``conversations.reply_runner``): ITL between deltas and
+    the finish event's figures.
 
     ``model``/``tier`` are label values. Costs one ``perf_counter`` call and one histogram observation per
     delta (measured in the README's overhead figure)."""
