@@ -12,6 +12,10 @@ if ! command -v chromium >/dev/null; then
   # Playwright's own browser download does not work here; the browser test drives Debian's Chromium.
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+if ! command -v haproxy >/dev/null; then
+  # tests/unit/test_deploy_files.py checks the shipped load-balancer configuration with `haproxy -c`.
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+fi
 ruff check .
 python manage.py prepare_model
 
