@@ -16,6 +16,9 @@ if not ALLOWED_HOSTS:
 
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+# Health probes come from the load balancer or the kubelet over plain HTTP, inside the network; a redirect
+# to https would read as a failed check (deploy/haproxy/haproxy.cfg, deploy/kubernetes/web.yaml).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
