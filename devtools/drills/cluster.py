@@ -1,0 +1,167 @@
+"""Drills on the multi-host test bed (``devtools/bed``), run from its client host through the load
+balancer: a worker host killed mid-stream, a worker host cut off from the data host, a web node killed
+mid-stream under a browser, a rolling restart of the web tier. Each returns a :class:`DrillResult`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import ssl
+import time
+
+from asgiref.sync import sync_to_async
+
+from conversations.models import Message
+from devtools.bed import netns, services
+from devtools.bed.topology import DATA, GPU, LB
+from devtools.drills.client import Socket, drill_users, wait_settled
+from devtools.drills.faults import (
+    LONG_PROMPT,
+    SHORT_PROMPT,
+    check_final,
+    done_for,
+    is_answer,
+    send_frame,
+    start_streaming,
+)
+from devtools.drills.report import DrillResult
+from events import broadcast
+from inference import fleet
+
+URL = f"wss://{LB.addr}/ws/chat/"
+ORIGIN = f"https://{LB.addr}"
+
+
+async def open_socket(cookie: str) -> Socket:
+    """A chat socket through the load balancer (TLS with the bed's self-signed certificate)."""
+    import websockets
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ws = await websockets.connect(
+        URL, ssl=ctx, additional_headers={"Cookie": cookie}, origin=ORIGIN, max_size=None, open_timeout=30
+    )
+    return Socket(ws)
+
+
+def worker_of_reply(message_id: int) -> str | None:
+    """The bed process name (``worker-gpuN``) holding ``message_id``'s lease, if one of the bed's workers."""
+    holder = (broadcast.redis_client().get(broadcast.lease_key(message_id)) or b"").decode()
+    for host in GPU:
+        name = f"worker-{host.name}"
+        if holder.endswith(f":{services.pid_of(name)}"):
+            return name
+    return None
+
+
+def bed_workers_ready() -> set[str]:
+    """Bed worker names whose fleet status says ready and not draining."""
+    live = {w.pid for w in fleet.live_workers() if w.ready and not w.draining}
+    return {f"worker-{h.name}" for h in GPU if services.pid_of(f"worker-{h.name}") in live}
+
+
+async def _stored(message_id: int) -> tuple[str, str]:
+    msg = await sync_to_async(Message.objects.get)(pk=message_id)
+    return msg.status, msg.content or ""
+
+
+async def worker_host_kill(*, trials: int) -> DrillResult:
+    """SIGKILL the worker host generating a reply mid-stream, send another reply 0.1 s later, restart the
+    killed worker. Held as today's single-host drill: the killed reply ends ``interrupted`` with its streamed
+    text (or completes), the later reply is served by the other host, nothing is left queued/streaming.
+    Recovery: from the kill until both replies are final."""
+    result = DrillResult("worker host SIGKILL mid-stream (bed)")
+    cookies = await sync_to_async(drill_users)(2, max_reply_tokens=48, prefix="bed-kill")
+    for trial in range(trials):
+        a, b = await open_socket(cookies[0]), await open_socket(cookies[1])
+        try:
+            first, streamed = await start_streaming(a)
+            victim = await sync_to_async(worker_of_reply)(first)
+            if victim is None:
+                result.notes.append(f"trial {trial + 1}: reply not held by a bed worker; skipped")
+                continue
+            result.trials += 1
+            killed_at = time.monotonic()
+            services.signal_proc(victim, signal.SIGKILL)
+            await asyncio.sleep(0.1)
+            await b.send(send_frame(SHORT_PROMPT))
+            answer = await b.until(is_answer, timeout=30)
+            second = answer.get("message_id") if answer["type"] == "queued" else None
+            if second is None:
+                result.failures.append(f"send after the kill refused: {answer}")
+            done_a = await a.until(done_for(first), timeout=90)
+            check_final(result, done_a, streamed, "killed reply")
+            ids = [first] + ([second] if second else [])
+            if second:
+                done_b = await b.until(done_for(second), timeout=180)
+                if done_b["status"] != "completed" or not done_b.get("content"):
+                    result.failures.append(f"reply after the kill ended {done_b['status']}")
+            state, _ = await wait_settled(ids, timeout=60)
+            result.recovery_s.append(time.monotonic() - killed_at)
+            result.stuck += state.active
+            result.lost += state.missing
+            result.notes.append(f"trial {trial + 1}: killed {victim}; its reply ended {done_a['status']}")
+        finally:
+            await a.close()
+            await b.close()
+            if result.trials and not services.alive(victim or ""):
+                await asyncio.to_thread(_restart_worker, victim)
+    return result
+
+
+def _restart_worker(name: str) -> None:
+    host = next(h for h in GPU if f"worker-{h.name}" == name)
+    services.worker_start(host)
+    services.worker_wait_ready(name)
+
+
+async def partition(*, seconds: float, replies: int = 3) -> DrillResult:
+    """Cut the worker host generating a reply off the data host (PostgreSQL, Redis, broker) for
+    ``seconds`` (iptables DROP both ways), with ``replies`` replies in flight. Held when every reply reaches
+    a final state with text, nothing stays queued/streaming, and the cut-off worker is ready again in the
+    fleet by itself (no restart). Recovery: from the heal until all that is true."""
+    result = DrillResult(f"worker host <-> data host partition {seconds:.0f} s (bed)")
+    cookies = await sync_to_async(drill_users)(replies, max_reply_tokens=48, prefix="bed-part")
+    sockets = [await open_socket(c) for c in cookies]
+    try:
+        first, _ = await start_streaming(sockets[0])
+        victim = await sync_to_async(worker_of_reply)(first)
+        ids = [first]
+        for s in sockets[1:]:
+            await s.send(send_frame(LONG_PROMPT))
+            answer = await s.until(is_answer, timeout=30)
+            if answer["type"] == "queued":
+                ids.append(answer["message_id"])
+        if victim is None:
+            result.failures.append("the streaming reply is not held by a bed worker")
+            return result
+        host = next(h for h in GPU if f"worker-{h.name}" == victim)
+        result.trials = 1
+        netns.partition(host, DATA)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            netns.heal(host, DATA)
+        healed = time.monotonic()
+        state, _ = await wait_settled(ids, timeout=240)
+        result.stuck += state.active
+        result.lost += state.missing
+        for mid in ids:
+            status, content = await _stored(mid)
+            if status not in ("completed", "interrupted") or not content:
+                result.failures.append(f"reply {mid} ended {status} with {len(content)} chars")
+        deadline = time.monotonic() + 120
+        while victim not in await sync_to_async(bed_workers_ready)():
+            if time.monotonic() > deadline or not services.alive(victim):
+                result.failures.append(
+                    f"{victim} did not rejoin the fleet by itself within 120 s of the heal"
+                )
+                break
+            await asyncio.sleep(1)
+        result.recovery_s.append(time.monotonic() - healed)
+        statuses = [(await _stored(mid))[0] for mid in ids]
+        result.notes.append(f"cut off {victim}; replies ended {', '.join(statuses)}")
+    finally:
+        for s in sockets:
+            await s.close()
+    return result
