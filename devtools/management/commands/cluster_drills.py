@@ -34,4 +34,8 @@ class Command(BaseCommand):
             return await cluster.worker_host_kill(trials=o["trials"])
         if name.startswith("partition_"):
             return await cluster.partition(seconds=float(name.split("_")[1]))
+        if name == "web_kill":
+            from devtools.drills import cluster_browser
+
+            return await asyncio.to_thread(cluster_browser.web_kill, trials=o["trials"])
         raise CommandError(f"{name}: not implemented")
