@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 
 from conversations.models import Message
 from devtools.bed import netns, services
-from devtools.bed.topology import DATA, GPU, LB
+from devtools.bed.topology import DATA, GPU, LB, WEB
 from devtools.drills.client import Socket, drill_users, wait_settled
 from devtools.drills.faults import (
     LONG_PROMPT,
@@ -164,4 +164,129 @@ async def partition(*, seconds: float, replies: int = 3) -> DrillResult:
     finally:
         for s in sockets:
             await s.close()
+    return result
+
+
+class LoadClient:
+    """One chat user of the rolling-deploy load: sends a short message, reads its reply to ``done``; when
+    the socket drops it reconnects through the load balancer and resumes after the last seq it took (as
+    the page does). A reply is *broken* when it never reaches ``done`` or the tokens taken differ from the
+    stored text."""
+
+    def __init__(self, cookie: str):
+        self.cookie = cookie
+        self.completed = self.broken = self.reconnects = 0
+        self.ids: list[int] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        socket = await open_socket(self.cookie)
+        try:
+            while not stop.is_set():
+                socket = await self.one_reply(socket)
+        finally:
+            await socket.close()
+
+    async def one_reply(self, socket: Socket) -> Socket:
+        import websockets
+
+        await socket.send(send_frame(SHORT_PROMPT))
+        answer = await socket.until(is_answer, timeout=60)
+        if answer["type"] != "queued":
+            await asyncio.sleep(float(answer.get("retry_after") or 1))
+            return socket
+        mid, last, text = answer["message_id"], -1, []
+        self.ids.append(mid)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                frame = await socket.recv(timeout=max(0.1, deadline - time.monotonic()))
+            except (websockets.ConnectionClosed, OSError):
+                socket = await self.reconnect()
+                await socket.send({"type": "resume", "message_id": mid, "after_seq": last})
+                continue
+            except TimeoutError:
+                break
+            if frame.get("message_id") != mid:
+                continue
+            if frame["type"] == "token" and frame["seq"] == last + 1:
+                text.append(frame["text"])
+                last = frame["seq"]
+            elif frame["type"] == "done":
+                stored = (await _stored(mid))[1]
+                if frame["status"] == "completed" and "".join(text) == stored:
+                    self.completed += 1
+                else:
+                    self.broken += 1
+                return socket
+        self.broken += 1
+        return socket
+
+    async def reconnect(self) -> Socket:
+        self.reconnects += 1
+        for _ in range(60):
+            try:
+                return await open_socket(self.cookie)
+            except Exception:  # the LB answers 503 for a moment while both checks settle: try again
+                await asyncio.sleep(0.5)
+        raise RuntimeError("could not reconnect through the load balancer for 30 s")
+
+
+async def http_load(stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """GET /healthz and the login page through the load balancer, back to back; counts ok and failed."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=ORIGIN, verify=False, timeout=15) as http:
+        while not stop.is_set():
+            for path in ("/healthz", "/accounts/login/"):
+                try:
+                    response = await http.get(path)
+                    ok = response.status_code < 400
+                except httpx.HTTPError:
+                    ok = False
+                counts["ok" if ok else "failed"] += 1
+            await asyncio.sleep(0.05)
+
+
+async def rolling_web(*, clients: int = 4) -> DrillResult:
+    """Restart every web node in turn while chat users and HTTP requests run through the load balancer:
+    drain the node at the LB (runtime API), wait for its HTTP requests in flight, SIGTERM it, start it
+    again, put it back once its checks pass, then the next node. Goal: 0 failed requests, 0 broken streams
+    (a socket cut by the restart is reconnected and resumed, as the page does). Recovery: seconds the whole
+    rollout took."""
+    from devtools.drills.cluster_browser import wait_lb
+
+    result = DrillResult("rolling restart of the web tier under load (bed)")
+    cookies = await sync_to_async(drill_users)(clients, max_reply_tokens=24, prefix="bed-roll")
+    users = [LoadClient(c) for c in cookies]
+    counts = {"ok": 0, "failed": 0}
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(u.run(stop)) for u in users] + [asyncio.create_task(http_load(stop, counts))]
+    await asyncio.sleep(5)
+    started = time.monotonic()
+    for host in WEB:
+        services.lb_command(f"set server web/{host.name} state drain")
+        await asyncio.sleep(2)
+        await asyncio.to_thread(services.signal_proc, f"daphne-{host.name}", signal.SIGTERM)
+        await asyncio.to_thread(services.web_start, host)
+        services.lb_command(f"set server web/{host.name} state ready")
+        await asyncio.to_thread(wait_lb, host.name, "UP")
+    result.recovery_s.append(time.monotonic() - started)
+    await asyncio.sleep(5)
+    stop.set()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    result.trials = 1
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    ids = [mid for u in users for mid in u.ids]
+    state, _ = await wait_settled(ids, timeout=120)
+    result.stuck, result.lost = state.active, state.missing
+    broken = sum(u.broken for u in users)
+    if counts["failed"]:
+        result.failures.append(f"{counts['failed']} failed HTTP requests of {sum(counts.values())}")
+    if broken or errors:
+        result.failures.append(f"{broken} broken streams, client errors {errors}")
+    result.notes.append(
+        f"{sum(counts.values())} HTTP requests, {counts['failed']} failed; {len(ids)} replies,"
+        f" {sum(u.completed for u in users)} completed, {broken} broken;"
+        f" {sum(u.reconnects for u in users)} reconnects"
+    )
     return result

@@ -34,6 +34,8 @@ class Command(BaseCommand):
             return await cluster.worker_host_kill(trials=o["trials"])
         if name.startswith("partition_"):
             return await cluster.partition(seconds=float(name.split("_")[1]))
+        if name == "rolling_web":
+            return await cluster.rolling_web()
         if name == "web_kill":
             from devtools.drills import cluster_browser
 
