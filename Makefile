@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: run test install db lint bench load clean-model
+.PHONY: run test test-cluster install db lint bench load clean-model
 
 install:
 	@scripts/install.sh
@@ -23,6 +23,10 @@ lint: install
 
 test: install
 	@scripts/test.sh $(ARGS)
+
+# The multi-host test bed's drills (network namespaces, needs root; ~10 min): docs/scale-out.md
+test-cluster: install
+	@scripts/test-cluster.sh $(ARGS)
 
 bench: install
 	$(VENV)/python -m devtools.bench

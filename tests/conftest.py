@@ -1,5 +1,7 @@
 """Fixtures shared by every test layer."""
 
+import os
+
 import pytest
 
 # The live-stack fixtures are defined once for the whole session: imported into both the integration and
@@ -14,6 +16,10 @@ from tests.live_stack import (  # noqa: F401
     private_redis,
     worker_factory,
 )
+
+# The multi-host bed's drills need root and network namespaces and take minutes: only `make test-cluster`
+# (scripts/test-cluster.sh) collects them.
+collect_ignore = [] if os.environ.get("CHATSITE_BED_TESTS") == "1" else ["cluster"]
 
 
 @pytest.fixture(autouse=True)

@@ -290,3 +290,62 @@ async def rolling_web(*, clients: int = 4) -> DrillResult:
         f" {sum(u.reconnects for u in users)} reconnects"
     )
     return result
+
+
+async def _ttft_round(socket: Socket, replies: int) -> tuple[list[float], list[int]]:
+    """``replies`` short replies one after another: (client-side TTFT per reply in s, reply ids)."""
+    ttfts, ids = [], []
+    for _ in range(replies):
+        sent = time.monotonic()
+        await socket.send(send_frame(SHORT_PROMPT))
+        answer = await socket.until(is_answer, timeout=60)
+        if answer["type"] != "queued":
+            raise RuntimeError(f"send refused: {answer}")
+        mid = answer["message_id"]
+        ids.append(mid)
+        await socket.until(lambda f, mid=mid: f["type"] == "token" and f["message_id"] == mid, timeout=180)
+        ttfts.append(time.monotonic() - sent)
+        await socket.until(done_for(mid), timeout=180)
+    return ttfts, ids
+
+
+async def lossy_broker(*, loss: float = 0.02, replies: int = 6) -> DrillResult:
+    """The broker's link made lossy: a random ``loss`` fraction of the packets to and from RabbitMQ's port
+    dropped on the data host, the web hosts and the worker hosts (iptables' statistic match). Held when
+    every reply completes; the note gives the client-side TTFT (send -> first token), median [min-max],
+    without and with the loss. (Added delay needs the kernel's netem qdisc, which this machine's kernel
+    lacks: see docs/scale-out.md.)"""
+    import statistics
+
+    from devtools.bed.topology import AMQP_PORT
+
+    result = DrillResult(f"broker link {loss:.0%} packet loss (bed)")
+    cookie = (await sync_to_async(drill_users)(1, max_reply_tokens=16, prefix="bed-lossy"))[0]
+    socket = await open_socket(cookie)
+    rules = []
+    try:
+        clean, ids_clean = await _ttft_round(socket, replies)
+        for host in (DATA, *WEB, *GPU):
+            rules.append((host, netns.lossy_port(host, AMQP_PORT, loss=loss)))
+        started = time.monotonic()
+        lossy, ids_lossy = await _ttft_round(socket, replies)
+        result.recovery_s.append(time.monotonic() - started)
+    finally:
+        for host, rule in rules:
+            netns.unlossy(host, rule)
+        await socket.close()
+    result.trials = replies
+    ids = ids_clean + ids_lossy
+    state, _ = await wait_settled(ids, timeout=60)
+    result.stuck, result.lost = state.active, state.missing
+    for mid in ids:
+        status, content = await _stored(mid)
+        if status != "completed" or not content:
+            result.failures.append(f"reply {mid} ended {status}")
+
+    def fmt(values):
+        values = sorted(values)
+        return f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}] s"
+
+    result.notes.append(f"TTFT without loss {fmt(clean)}, with {loss:.0%} loss {fmt(lossy)}")
+    return result

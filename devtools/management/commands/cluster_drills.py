@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from devtools.drills import cluster
 from devtools.drills.report import format_table
 
-DRILLS = ("worker_kill", "partition_10", "partition_60", "web_kill", "rolling_web")
+DRILLS = ("worker_kill", "partition_10", "partition_60", "web_kill", "rolling_web", "lossy_broker")
 
 
 class Command(BaseCommand):
@@ -34,6 +34,8 @@ class Command(BaseCommand):
             return await cluster.worker_host_kill(trials=o["trials"])
         if name.startswith("partition_"):
             return await cluster.partition(seconds=float(name.split("_")[1]))
+        if name == "lossy_broker":
+            return await cluster.lossy_broker()
         if name == "rolling_web":
             return await cluster.rolling_web()
         if name == "web_kill":

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# `make test-cluster` (called by .ci/run after `make test`): the multi-host test bed's drills
+# (tests/cluster, docs/scale-out.md). Needs root; installs Debian's haproxy, iptables and chromium if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DJANGO_SETTINGS_MODULE=chatsite.settings.test
+missing=()
+for tool in haproxy iptables chromium; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+python manage.py prepare_model
+CHATSITE_BED_TESTS=1 python -m pytest tests/cluster -m cluster -v -s "$@"
