@@ -4,6 +4,7 @@ runs on its client host through the load balancer and must hold, and the teardow
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,10 @@ def test_bed_is_up_with_every_host_and_both_web_nodes_in_the_pool(bed):
     assert set(netns.bed_namespaces()) >= {h.netns for h in HOSTS}
     for name in ("postgres", "redis", "rabbitmq", "daphne-web1", "daphne-web2", "worker-gpu1", "worker-gpu2"):
         assert services.alive(name), name
+    # /readyz answered through the balancer once one node was up; the second may still be rising.
+    deadline = time.monotonic() + 30
+    while services.lb_server_states() != {"web1": "UP", "web2": "UP"} and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert services.lb_server_states() == {"web1": "UP", "web2": "UP"}
 
 

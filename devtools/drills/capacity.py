@@ -1,0 +1,213 @@
+"""Socket capacity of the web tier on the multi-host bed: ``idle`` chat sockets that only stay open plus
+``streaming`` sockets each watching a reply whose token frames are published the way a worker publishes
+them (``events.broadcast.publish``: replay stream + channel-layer group send), at ``rate`` tokens/s per
+reply. Reports what the daphne processes hold (RSS, CPU), the frame delay from publish to client (p50/p99,
+measured in this one process: publisher thread and client share a clock, and the figure includes this
+client's own scheduling delay, so it is an upper bound), and refusals, errors and drops.
+
+The replies are real rows (``streaming`` assistant messages in conversations of their own) and carry a
+lease refreshed here, so the workers' reapers leave them alone while they stream."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+from asgiref.sync import sync_to_async
+
+from devtools.bed import services
+from devtools.bed.topology import LB, WEB, WEB_PORT
+from devtools.drills.client import Socket, drill_users
+from events import broadcast
+
+
+@dataclass
+class CapacityResult:
+    target: str
+    idle: int
+    streaming: int
+    opened: int = 0
+    refused: int = 0
+    dropped: int = 0
+    error_frames: int = 0
+    frames_expected: int = 0
+    frames_received: int = 0
+    delays_ms: list[float] = field(default_factory=list)
+    daphne: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def p(self, q: float) -> float:
+        return statistics.quantiles(self.delays_ms, n=100)[q - 1] if len(self.delays_ms) > 1 else float("nan")
+
+    def text(self) -> str:
+        procs = "; ".join(
+            f"{name}: {v['sockets']:.0f} sockets, RSS {v['rss_mb']:.0f} MB, CPU {v['cpu_pct']:.0f} %"
+            for name, v in self.daphne.items()
+        )
+        return (
+            f"{self.target}: {self.opened}/{self.idle + self.streaming} sockets held ({self.idle} idle +"
+            f" {self.streaming} streaming), refused {self.refused}, dropped {self.dropped}, error frames"
+            f" {self.error_frames}; frames {self.frames_received}/{self.frames_expected}; publish->client delay"
+            f" p50 {self.p(50):.0f} ms, p99 {self.p(99):.0f} ms; {procs}"
+        )
+
+
+def _make_replies(count: int) -> list[tuple[int, int]]:
+    """``count`` streaming replies, one conversation each, spread over the capacity users; [(user index, id)]."""
+    from django.contrib.auth import get_user_model
+
+    from conversations.models import Conversation, Message
+
+    out = []
+    owners = list(get_user_model().objects.filter(username__startswith="bed-cap-").order_by("username"))
+    for i in range(count):
+        owner = owners[i % len(owners)]
+        conv = Conversation.objects.create(owner=owner, title=f"capacity {i}")
+        msg = Message.objects.create(conversation=conv, role="assistant", status="streaming", content="")
+        out.append((i % len(owners), msg.pk))
+    return out
+
+
+def _finish_replies(ids: list[int]) -> None:
+    from conversations.models import Message
+
+    Message.objects.filter(pk__in=ids).update(status="completed", content="capacity run")
+
+
+def _proc_sample(pid: int) -> tuple[float, float]:
+    """(RSS in MB, CPU seconds so far) of ``pid`` from /proc."""
+    import os
+
+    rss_kb = next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS"))
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return rss_kb / 1024, cpu
+
+
+def _socket_count(pid: int) -> int:
+    import os
+
+    return sum(
+        1 for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    )
+
+
+async def _open(url: str, origin: str, cookie: str, ssl_ctx) -> Socket:
+    import websockets
+
+    kwargs = {"ssl": ssl_ctx} if ssl_ctx else {}
+    ws = await websockets.connect(
+        url, additional_headers={"Cookie": cookie}, origin=origin, max_size=None, open_timeout=60, **kwargs
+    )
+    return Socket(ws)
+
+
+async def run(
+    *, idle: int, streaming: int, through_lb: bool, tokens: int = 40, rate: float = 4.0
+) -> CapacityResult:
+    """Open ``idle`` + ``streaming`` sockets on web1 directly (or through the load balancer), stream
+    ``tokens`` tokens at ``rate`` per second to each streaming socket's reply, and measure."""
+    import ssl
+
+    if through_lb:
+        url, origin = f"wss://{LB.addr}/ws/chat/", f"https://{LB.addr}"
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        webs = list(WEB)
+    else:
+        url, origin, ctx = f"ws://{WEB[0].addr}:{WEB_PORT}/ws/chat/", f"http://{WEB[0].addr}:{WEB_PORT}", None
+        webs = [WEB[0]]
+    result = CapacityResult("LB, 2 web nodes" if through_lb else "one daphne process", idle, streaming)
+    cookies = await sync_to_async(drill_users)(50, max_reply_tokens=64, prefix="bed-cap")
+    replies = await sync_to_async(_make_replies)(streaming)
+    ids = [mid for _, mid in replies]
+    stop_lease = threading.Event()
+
+    def hold_leases():
+        client = broadcast.redis_client()
+        while not stop_lease.is_set():
+            pipe = client.pipeline(transaction=False)
+            for mid in ids:
+                pipe.set(broadcast.lease_key(mid), "capacity:0", ex=10)
+            pipe.execute()
+            stop_lease.wait(2)
+
+    threading.Thread(target=hold_leases, daemon=True).start()
+    sockets: list[Socket] = []
+    sem = asyncio.Semaphore(40)
+
+    async def open_one(i: int) -> Socket | None:
+        async with sem:
+            try:
+                s = await _open(url, origin, cookies[i % len(cookies)], ctx)
+            except Exception:
+                result.refused += 1
+                return None
+            return s
+
+    idle_socks = [s for s in await asyncio.gather(*(open_one(i) for i in range(idle))) if s]
+    stream_socks = await asyncio.gather(*(open_one(u) for u, _ in replies))
+    watched = [(s, mid) for s, (_, mid) in zip(stream_socks, replies, strict=True) if s]
+    sockets = idle_socks + [s for s, _ in watched]
+    result.opened = len(sockets)
+    for s, mid in watched:
+        await s.send({"type": "resume", "message_id": mid, "after_seq": -1})
+    await asyncio.sleep(2)  # the resumes have joined their groups
+
+    published: dict[tuple[int, int], float] = {}
+    received: dict[tuple[int, int], float] = {}
+
+    async def reader(s: Socket):
+        import websockets
+
+        try:
+            while True:
+                frame = await s.recv(timeout=3600)
+                if frame.get("type") == "token":
+                    received.setdefault((frame["message_id"], frame["seq"]), time.monotonic())
+                elif frame.get("type") == "error":
+                    result.error_frames += 1
+        except (websockets.ConnectionClosed, OSError):
+            result.dropped += 1
+        except asyncio.CancelledError:
+            pass
+
+    readers = [asyncio.create_task(reader(s)) for s in sockets]
+    pids = {f"daphne-{w.name}": services.pid_of(f"daphne-{w.name}") for w in webs}
+    before = {n: _proc_sample(p) for n, p in pids.items()}
+    t0 = time.monotonic()
+
+    def publish_all():
+        interval = 1.0 / rate
+        for seq in range(tokens):
+            tick = t0 + seq * interval
+            time.sleep(max(0.0, tick - time.monotonic()))
+            for mid in ids:
+                published[(mid, seq)] = time.monotonic()
+                broadcast.publish(mid, broadcast.frame_token(message_id=mid, seq=seq, text=f" t{seq}"))
+
+    await asyncio.to_thread(publish_all)
+    await asyncio.sleep(3)
+    wall = time.monotonic() - t0
+    for name, pid in pids.items():
+        rss, cpu = _proc_sample(pid)
+        result.daphne[name] = {
+            "rss_mb": rss,
+            "cpu_pct": 100 * (cpu - before[name][1]) / wall,
+            "sockets": _socket_count(pid),
+        }
+    result.frames_expected = len(watched) * tokens
+    result.frames_received = sum(1 for k in received if k[0] in {mid for _, mid in watched})
+    result.delays_ms = [1000 * (received[k] - published[k]) for k in received if k in published]
+    alive = sum(1 for s in sockets if s.ws.state.name == "OPEN")
+    result.dropped = max(result.dropped, len(sockets) - alive)
+    stop_lease.set()
+    for task in readers:
+        task.cancel()
+    await asyncio.gather(*(s.ws.close() for s in sockets), return_exceptions=True)
+    await sync_to_async(_finish_replies)(ids)
+    client = broadcast.redis_client()
+    client.delete(*[broadcast.lease_key(m) for m in ids], *[broadcast.stream_key(m) for m in ids])
+    return result
