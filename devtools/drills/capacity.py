@@ -61,7 +61,8 @@ def _make_replies(count: int) -> list[tuple[int, int]]:
     from conversations.models import Conversation, Message
 
     out = []
-    owners = list(get_user_model().objects.filter(username__startswith="bed-cap-").order_by("username"))
+    by_name = {u.username: u for u in get_user_model().objects.filter(username__startswith="bed-cap-")}
+    owners = [by_name[f"bed-cap-{i}"] for i in range(len(by_name))]  # the order of drill_users' cookies
     for i in range(count):
         owner = owners[i % len(owners)]
         conv = Conversation.objects.create(owner=owner, title=f"capacity {i}")
@@ -89,9 +90,13 @@ def _proc_sample(pid: int) -> tuple[float, float]:
 def _socket_count(pid: int) -> int:
     import os
 
-    return sum(
-        1 for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-    )
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:  # closed while we looked
+            pass
+    return count
 
 
 async def _open(url: str, origin: str, cookie: str, ssl_ctx) -> Socket:
