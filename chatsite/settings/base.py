@@ -135,6 +135,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# AMQP heartbeats (seconds). A worker cut off from the broker reconnects once the network heals; if the
+# broker still holds its old connection (detected dead only after two missed heartbeats), the worker's
+# exclusive remote-control queue is still locked, the reconnect fails with RESOURCE_LOCKED and the worker
+# exits. 10 s makes the broker drop a dead connection within ~20 s (Celery's default is 120 s), so a worker
+# partitioned for a minute rejoins by itself (docs/scale-out.md, the partition drill).
+CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=10)
 # Priorities 0..INFERENCE_QUEUE_MAX_PRIORITY (a tier's queue_priority is capped to it).
 INFERENCE_QUEUE_MAX_PRIORITY = 10
 CELERY_TASK_ALWAYS_EAGER = False

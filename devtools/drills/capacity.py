@@ -109,6 +109,27 @@ async def _open(url: str, origin: str, cookie: str, ssl_ctx) -> Socket:
     return Socket(ws)
 
 
+async def _publish_elsewhere(ids, *, tokens: int, rate: float, start: float, published: dict) -> None:
+    """Run :mod:`devtools.drills.capacity_publisher` in its own process; fill ``published``."""
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_path, out_path = Path(tmp) / "ids.json", Path(tmp) / "published.json"
+        ids_path.write_text(json.dumps(ids))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "devtools.drills.capacity_publisher", str(ids_path), str(tokens), str(rate),
+            repr(start), str(out_path),
+        )  # fmt: skip
+        if await proc.wait() != 0:
+            raise RuntimeError("the capacity publisher failed")
+        for key, at in json.loads(out_path.read_text()).items():
+            mid, seq = key.split(":")
+            published[(int(mid), int(seq))] = at
+
+
 async def run(
     *, idle: int, streaming: int, through_lb: bool, tokens: int = 40, rate: float = 4.0
 ) -> CapacityResult:
@@ -161,7 +182,7 @@ async def run(
         await s.send({"type": "resume", "message_id": mid, "after_seq": -1})
     await asyncio.sleep(2)  # the resumes have joined their groups
 
-    published: dict[tuple[int, int], float] = {}
+    published: dict[tuple[int, int], float] = {}  # filled by the publisher process
     received: dict[tuple[int, int], float] = {}
 
     async def reader(s: Socket):
@@ -184,16 +205,7 @@ async def run(
     before = {n: _proc_sample(p) for n, p in pids.items()}
     t0 = time.monotonic()
 
-    def publish_all():
-        interval = 1.0 / rate
-        for seq in range(tokens):
-            tick = t0 + seq * interval
-            time.sleep(max(0.0, tick - time.monotonic()))
-            for mid in ids:
-                published[(mid, seq)] = time.monotonic()
-                broadcast.publish(mid, broadcast.frame_token(message_id=mid, seq=seq, text=f" t{seq}"))
-
-    await asyncio.to_thread(publish_all)
+    await _publish_elsewhere(ids, tokens=tokens, rate=rate, start=t0 + 5, published=published)
     await asyncio.sleep(3)
     wall = time.monotonic() - t0
     for name, pid in pids.items():
