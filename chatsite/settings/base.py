@@ -107,10 +107,15 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
+# channels-redis' list-based layer (default) or its pub/sub layer (``channels_redis.pubsub.RedisPubSubChannelLayer``,
+# no per-channel capacity): docs/scale-out.md#socket-capacity compares the two on the test bed.
+CHANNEL_LAYER_BACKEND = env("CHANNEL_LAYER_BACKEND", default="channels_redis.core.RedisChannelLayer")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)},
+        "BACKEND": CHANNEL_LAYER_BACKEND,
+        "CONFIG": {"hosts": [REDIS_URL]}
+        if CHANNEL_LAYER_BACKEND.endswith("RedisPubSubChannelLayer")
+        else {"hosts": [REDIS_URL], "capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)},
     }
 }
 
