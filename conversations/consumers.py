@@ -40,7 +40,6 @@ from conversations.protocol import (
     parse_client_frame,
 )
 from conversations.reply_stream import CaughtUp, ReplyStreamMixin
-from conversations.selectors import message_get_for_user
 from database.connections import db_call
 from events import broadcast
 from observability import metrics
@@ -347,15 +346,6 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
 
     async def handle_stop(self, frame: StopFrame):
         await db_call(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
-
-    async def handle_resume(self, frame: ResumeFrame):
-        # Check access first (joining a group of a foreign id would leak nothing, but costs a membership).
-        # Then join the group before reading the message: a frame published in between arrives live, and
-        # the browser drops seqs it already has.
-        await db_call(message_get_for_user)(user=self.user, message_id=frame.message_id)
-        await self.watch(frame.message_id)
-        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=frame.message_id)
-        await self.send_state(message, after_seq=frame.after_seq)
 
     async def send_json(self, content, close=False):
         metrics.observe_ws_frame("out", content)
