@@ -11,11 +11,8 @@ collection: ~one PostgreSQL connection per request (Django ticket #33497). The A
 from __future__ import annotations
 
 import functools
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.db import close_old_connections, connections
 
 
@@ -39,32 +36,12 @@ def closes_connections(view):
     return wrapper
 
 
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def db_call_executor() -> ThreadPoolExecutor:
-    """The threads that run :func:`db_call` calls made with ``thread_sensitive=False`` (``DB_CALL_THREADS``
-    of them, one process-wide pool). asyncio's default executor has ``min(32, CPUs + 4)`` threads, 6 on a
-    2-core machine: 32 sockets sending at once queued there for the PostgreSQL round trips of admission,
-    which wait on the database, not on a CPU (docs/overhead.md)."""
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=settings.DB_CALL_THREADS, thread_name_prefix="db-call")
-        return _executor
-
-
 def db_call(func, *, thread_sensitive: bool = True, executor=None):
     """``database_sync_to_async(func)`` whose database connections are closed (``CONN_MAX_AGE`` 0) before it
     returns, inside ``func``'s own thread and context: with asgiref 3.13 a connection opened in the call
     is not visible to the wrapper's own ``close_old_connections`` (it runs outside the call's context) and
     was closed only by Channels' per-message hop, which ``ChatConsumer.dispatch`` drops. ``executor``: a
-    thread pool of the caller's own (with ``thread_sensitive=False``), e.g. the warmer's single thread; by
-    default such calls run on :func:`db_call_executor`."""
-
-    if not thread_sensitive and executor is None:
-        executor = db_call_executor()
+    thread pool of the caller's own (with ``thread_sensitive=False``), e.g. the warmer's single thread."""
 
     @functools.wraps(func)
     def call(*args, **kwargs):

@@ -100,10 +100,6 @@ if DB_POOL_MAX_SIZE:
         # A call waits this long for a free connection before failing (answered ``unavailable``).
         "timeout": env.float("DB_POOL_TIMEOUT_S", default=10.0),
     }
-# Threads of a web process that run database calls off Channels' shared thread (database/connections.py).
-DB_CALL_THREADS = env.int("DB_CALL_THREADS", default=16)
-if DB_CALL_THREADS < 1:
-    raise environ.ImproperlyConfigured("DB_CALL_THREADS must be >= 1")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"
