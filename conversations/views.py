@@ -10,6 +10,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
 from conversations import branches, broadcast, selectors, services, sharing, token_budget
+from documents import selectors as document_selectors
+from documents.progress import document_dict
 from inference.registry import models_for_tier
 
 
@@ -56,6 +58,13 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             "maxChars": settings.MAX_MESSAGE_CHARS,
         },
         "shares": sharing.shares_for_conversation(conversation=conversation) if conversation else [],
+        "documents": [
+            document_dict(d) for d in document_selectors.document_list(conversation_id=conversation.id)
+        ]
+        if conversation
+        else [],
+        "documents_max_bytes": settings.DOCUMENTS_MAX_BYTES,
+        "documents_max_mib": f"{settings.DOCUMENTS_MAX_BYTES / (1024 * 1024):g}",
     }
     return render(request, "chat/chat.html", context)
 

@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "inference",
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "axes",  # log-in throttling (issue 7)
 ]
 
@@ -294,3 +295,55 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
+
+# --- Documents (issue 27): files uploaded to a conversation, chunked with overlap, embedded, cited ---
+# Limits, checked at upload (by content, not by name) and again while the file is processed.
+DOCUMENTS_MAX_BYTES = env.int("DOCUMENTS_MAX_BYTES", default=10 * 1024 * 1024)
+DOCUMENTS_MAX_PAGES = env.int("DOCUMENTS_MAX_PAGES", default=200)
+# A DOCX is a zip: the sum of its entries' uncompressed sizes (a zip bomb stops here).
+DOCUMENTS_MAX_UNCOMPRESSED_BYTES = env.int("DOCUMENTS_MAX_UNCOMPRESSED_BYTES", default=50 * 1024 * 1024)
+# Extracted text of one file (characters); past it the file is refused rather than cut.
+DOCUMENTS_MAX_TEXT_CHARS = env.int("DOCUMENTS_MAX_TEXT_CHARS", default=1_000_000)
+DOCUMENTS_MAX_PER_CONVERSATION = env.int("DOCUMENTS_MAX_PER_CONVERSATION", default=20)
+# Chunking: word pieces (tokens of the embedding model) per chunk, and those shared by neighbouring chunks of
+# the same page; all-MiniLM-L6-v2 was trained on 128-piece inputs and reads at most 256.
+DOCUMENTS_CHUNK_TOKENS = env.int("DOCUMENTS_CHUNK_TOKENS", default=128)
+DOCUMENTS_CHUNK_OVERLAP_TOKENS = env.int("DOCUMENTS_CHUNK_OVERLAP_TOKENS", default=24)
+if not 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256:
+    raise environ.ImproperlyConfigured(
+        "need 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256"
+    )
+# Retrieval for each question: at most this many chunks of the conversation's documents, each at least
+# this cosine similarity to the question.
+DOCUMENTS_TOP_K = env.int("DOCUMENTS_TOP_K", default=4)
+DOCUMENTS_MIN_SCORE = env.float("DOCUMENTS_MIN_SCORE", default=0.2)
+# Where files are stored: "local" (DOCUMENTS_ROOT on this machine's disk) or "s3" (any S3-compatible object
+# store through django-storages; AWS_* variables below). Every process (web, workers) must see the same store.
+DOCUMENTS_STORAGE_BACKEND = env("DOCUMENTS_STORAGE_BACKEND", default="local")
+DOCUMENTS_ROOT = env("DOCUMENTS_ROOT", default=str(BASE_DIR / "var" / "documents"))
+if DOCUMENTS_STORAGE_BACKEND == "local":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # No base_url: files are never served by URL, only read by the workers through the storage API.
+        "OPTIONS": {"location": DOCUMENTS_ROOT, "base_url": None},
+    }
+elif DOCUMENTS_STORAGE_BACKEND == "s3":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env("AWS_STORAGE_BUCKET_NAME"),  # no default: required for s3
+            "endpoint_url": env("AWS_S3_ENDPOINT_URL", default="") or None,  # MinIO, Ceph, R2, ...
+            "region_name": env("AWS_S3_REGION_NAME", default="") or None,
+            "access_key": env("AWS_S3_ACCESS_KEY_ID", default="") or None,
+            "secret_key": env("AWS_S3_SECRET_ACCESS_KEY", default="") or None,
+            "location": env("DOCUMENTS_S3_PREFIX", default="documents"),
+            "addressing_style": env("AWS_S3_ADDRESSING_STYLE", default="") or None,
+            "default_acl": None,
+            "file_overwrite": False,
+            "querystring_auth": True,
+        },
+    }
+else:
+    raise environ.ImproperlyConfigured("DOCUMENTS_STORAGE_BACKEND must be local or s3")
+# The Celery queue that parses and embeds uploaded files (the embeddings workers consume it).
+DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
