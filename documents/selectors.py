@@ -7,11 +7,9 @@ from collections import defaultdict
 
 from django.http import Http404
 
-from documents.models import Citation, Document, DocumentChunk
+from documents.models import Document
 
 MAX_PK = 2**63 - 1
-#: Characters of a passage shown on a citation chip's hover title (the chip opens the whole passage).
-EXCERPT_CHARS = 160
 
 
 class DocumentNotFound(Http404):
@@ -36,16 +34,6 @@ def document_get_for_user(*, user, document_id) -> Document:
         raise DocumentNotFound("document not found") from exc
 
 
-def chunk_get_for_user(*, user, chunk_id) -> DocumentChunk:
-    """A passage of one of ``user``'s documents, with its document. Raises :class:`DocumentNotFound`."""
-    if user is None or not user.is_authenticated:
-        raise DocumentNotFound("passage not found")
-    try:
-        return DocumentChunk.objects.select_related("document").get(pk=_pk(chunk_id), owner=user)
-    except (DocumentChunk.DoesNotExist, TypeError, ValueError) as exc:
-        raise DocumentNotFound("passage not found") from exc
-
-
 def document_list(*, conversation_id: int) -> list[Document]:
     """The documents of a conversation (the caller has checked access), oldest first."""
     return list(Document.objects.filter(conversation_id=conversation_id).order_by("created_at", "id"))
@@ -58,35 +46,6 @@ def document_count(*, conversation_id: int) -> int:
         .exclude(status=Document.Status.FAILED)
         .count()
     )
-
-
-def citation_dict(citation: Citation) -> dict:
-    """A chip's data: ``marker`` (the ``[n]`` in the model's context), the passage's ``chunk_id``, its
-    document's ``document_id``/``name``, ``page`` (PDF) and a short ``excerpt``."""
-    chunk = citation.chunk
-    text = chunk.text
-    return {
-        "marker": citation.marker,
-        "chunk_id": chunk.id,
-        "document_id": chunk.document_id,
-        "name": chunk.document.name,
-        "page": chunk.page,
-        "excerpt": text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…",
-        "score": round(citation.score, 3),
-    }
-
-
-def citations_for_messages(*, message_ids) -> dict[int, list[dict]]:
-    """``{message id: [citation_dict, ...]}`` in marker order, for the messages that have citations."""
-    out: dict[int, list[dict]] = defaultdict(list)
-    rows = (
-        Citation.objects.filter(message_id__in=list(message_ids))
-        .select_related("chunk__document")
-        .order_by("message_id", "marker")
-    )
-    for citation in rows:
-        out[citation.message_id].append(citation_dict(citation))
-    return dict(out)
 
 
 def document_names_for_conversations(*, conversation_ids) -> dict[int, list[dict]]:

@@ -20,7 +20,9 @@ def test_pdf_is_read_page_by_page_with_progress():
     found = inspect(data, name="trip.bin", limits=LIMITS)  # the name says nothing; the content does
     assert (found.kind, found.content_type, found.pages) == ("pdf", "application/pdf", 3)
     seen = []
-    sections = extract(data, kind="pdf", limits=LIMITS, on_page=lambda done, total: seen.append((done, total)))
+    sections = extract(
+        data, kind="pdf", limits=LIMITS, on_page=lambda done, total: seen.append((done, total))
+    )
     assert [s.page for s in sections] == [1, 3]  # the empty page has no section
     assert "ferry to Tavira leaves at 9:40 (pier 3)" in sections[0].text
     assert "Mercado" in sections[1].text
@@ -28,7 +30,9 @@ def test_pdf_is_read_page_by_page_with_progress():
 
 
 def test_docx_paragraphs_and_tables_in_order():
-    data = make_docx(["Quarterly report", "Revenue grew in the north."], table=[["Region", "Sales"], ["North", "42"]])
+    data = make_docx(
+        ["Quarterly report", "Revenue grew in the north."], table=[["Region", "Sales"], ["North", "42"]]
+    )
     found = inspect(data, name="report.docx", limits=LIMITS)
     assert found.kind == "docx" and found.pages is None
     [section] = extract(data, kind="docx", limits=LIMITS)
@@ -38,7 +42,8 @@ def test_docx_paragraphs_and_tables_in_order():
 
 
 @pytest.mark.parametrize(
-    "name,kind,content_type", [("notes.txt", "text", "text/plain"), ("README.md", "markdown", "text/markdown")]
+    "name,kind,content_type",
+    [("notes.txt", "text", "text/plain"), ("README.md", "markdown", "text/markdown")],
 )
 def test_text_and_markdown(name, kind, content_type):
     data = "# Heading\n\nCafé opens at 8.\n".encode()
@@ -63,7 +68,9 @@ def test_renamed_binary_is_refused_by_content():
 
 
 def test_zip_that_is_not_a_word_document_is_refused():
-    sheet = make_zip({"[Content_Types].xml": b"<Types>spreadsheetml.sheet.main+xml</Types>", "xl/workbook.xml": b"<x/>"})
+    sheet = make_zip(
+        {"[Content_Types].xml": b"<Types>spreadsheetml.sheet.main+xml</Types>", "xl/workbook.xml": b"<x/>"}
+    )
     error = refused(sheet, "budget.docx")
     assert error.code == "unsupported_type" and "not a Word document" in str(error)
 
