@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.http import HttpResponse
-from ninja import Schema
+from ninja import Schema, Status
 
 from api.auth import ApiKeyBearer
 from api.dbconn import closes_connections
@@ -48,8 +48,8 @@ class Refusal(Schema):
     code: str
 
 
-def _refusal(rejected: DocumentRejected) -> tuple[int, dict]:
-    return status_for(rejected), {"detail": str(rejected), "code": rejected.code}
+def _refusal(rejected: DocumentRejected) -> Status:
+    return Status(status_for(rejected), {"detail": str(rejected), "code": rejected.code})
 
 
 @history_api.post(
@@ -75,7 +75,7 @@ def upload_document(request, conversation_id: int):
         )
     except DocumentRejected as rejected:
         return _refusal(rejected)
-    return 201, document_dict(document)
+    return Status(201, document_dict(document))
 
 
 @history_api.get(
