@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "memory",  # recall across conversations and the vector store (issue 27)
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
     "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
@@ -172,6 +173,11 @@ CELERY_TASK_QUEUES = [
         queue_arguments={"x-max-priority": INFERENCE_QUEUE_MAX_PRIORITY},
     )
     for name in INFERENCE_MODELS
+] + [
+    # Embeddings (issue 27): their own queues and worker process (Procfile `embeddings:`). Questions go to
+    # their own queue so a backlog of indexing never delays a reply's retrieval.
+    Queue("embeddings", Exchange("embeddings", type="direct"), routing_key="embeddings"),
+    Queue("embeddings.query", Exchange("embeddings", type="direct"), routing_key="embeddings.query"),
 ]
 MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "models")))
 INFERENCE_DEVICE = env("INFERENCE_DEVICE", default="auto")
@@ -295,6 +301,30 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
+
+# --- Memory across conversations (issue 27, docs/memory.md) ---
+# Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
+MEMORY_ENABLED = env.bool("MEMORY_ENABLED", default=True)
+# auto: pgvector where installed (`manage.py memory_store --install`), else the exact scan; or pgvector | exact.
+MEMORY_VECTOR_BACKEND = env("MEMORY_VECTOR_BACKEND", default="auto")
+if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
+    raise environ.ImproperlyConfigured("MEMORY_VECTOR_BACKEND must be auto, pgvector or exact")
+# Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
+MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
+MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# How long a reply waits for its question's embedding before going on without recall (seconds).
+MEMORY_QUERY_TIMEOUT_S = env.float("MEMORY_QUERY_TIMEOUT_S", default=2.0)
+# The embeddings worker: texts per model call, how long to wait to fill a batch (s), torch threads (0: torch's).
+EMBEDDINGS_MAX_BATCH = env.int("EMBEDDINGS_MAX_BATCH", default=64)
+EMBEDDINGS_BATCH_WAIT_S = env.float("EMBEDDINGS_BATCH_WAIT_S", default=0.005)
+EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=0)
+# Its Prometheus endpoint ("" disables, 0 picks a free port).
+_embeddings_metrics_port = env("EMBEDDINGS_METRICS_PORT", default="9102")
+EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_port else None
+CELERY_TASK_ROUTES = {
+    "memory.embed_chunks": {"queue": "embeddings", "routing_key": "embeddings"},
+    "memory.embed_query": {"queue": "embeddings.query", "routing_key": "embeddings.query"},
+}
 
 # --- Documents (issue 27): files uploaded to a conversation, chunked with overlap, embedded, cited ---
 # Limits, checked at upload (by content, not by name) and again while the file is processed.

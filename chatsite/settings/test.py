@@ -45,3 +45,18 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests
 # Worker metrics on a free port (published in the fleet status): parallel test runs never collide.
 METRICS_WORKER_PORT = 0
+
+# A PostgreSQL with the pgvector extension for the vector-store tests (tests/db/test_memory_store.py): the
+# socket directory of the server scripts/pgvector_server.py starts (scripts/test.sh exports it). Unset, the
+# pgvector half of those tests is skipped and says why.
+TEST_PGVECTOR_SOCKET_DIR = env("TEST_PGVECTOR_SOCKET_DIR", default="")
+if TEST_PGVECTOR_SOCKET_DIR:
+    DATABASES["pgvector"] = {
+        **DATABASES["default"],
+        "HOST": TEST_PGVECTOR_SOCKET_DIR,
+        "PORT": "",
+        "USER": "postgres",
+        "PASSWORD": "",
+        "NAME": f"{DATABASES['default']['NAME']}_pgvector",
+        "TEST": {"NAME": f"test_{DATABASES['default']['NAME']}_pgvector"},
+    }

@@ -1,0 +1,69 @@
+"""A reply's question, embedded by the embeddings worker and handed back through Redis.
+
+The reply path (in the chat engine's process) must not run the embedding model, so it sends
+``memory.embed_query`` to the ``embeddings.query`` queue with a fresh Redis key and waits on that key
+(``BLPOP``) for the float32 bytes. A reply never waits longer than ``timeout_s``: without an answer it goes
+on without recall.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import numpy as np
+import redis
+from django.conf import settings
+
+from memory.embedding import DIMENSIONS
+
+logger = logging.getLogger(__name__)
+
+#: Seconds an answer stays in Redis when nobody took it (the reply gave up waiting).
+ANSWER_TTL_S = 30
+
+_client: redis.Redis | None = None
+_client_lock = threading.Lock()
+
+
+def redis_client() -> redis.Redis:
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = redis.Redis.from_url(settings.REDIS_URL)
+        return _client
+
+
+def answer_key() -> str:
+    prefix = settings.CACHES.get("default", {}).get("KEY_PREFIX") or "chatsite"
+    return f"{prefix}:memory:query:{uuid.uuid4().hex}"
+
+
+def question_embed(*, text: str, timeout_s: float) -> np.ndarray | None:
+    """float32 ``(384,)`` unit vector of ``text`` from the embeddings worker, or None when none answered
+    within ``timeout_s`` seconds (worker down or busy) or the broker is unreachable."""
+    from memory.tasks import embed_query
+
+    key = answer_key()
+    try:
+        # expires: a question nobody took in time is dropped by the worker instead of embedded for nobody.
+        embed_query.apply_async(args=[key, text], expires=max(timeout_s, 1.0))
+        got = redis_client().blpop([key], timeout=max(timeout_s, 0.01))
+    except Exception:  # noqa: BLE001 - recall is an extra; the reply goes on without it
+        logger.warning("question embedding unavailable", exc_info=True)
+        return None
+    if got is None:
+        logger.info("no question embedding within %.2f s; replying without recall", timeout_s)
+        return None
+    vector = np.frombuffer(got[1], dtype="<f4")
+    return vector if vector.shape == (DIMENSIONS,) else None
+
+
+def question_answer(*, key: str, vector: np.ndarray) -> None:
+    """Worker side: hand ``vector`` (float32 (384,)) to the waiting reply."""
+    client = redis_client()
+    pipe = client.pipeline()
+    pipe.rpush(key, np.asarray(vector, dtype="<f4").tobytes())
+    pipe.expire(key, ANSWER_TTL_S)
+    pipe.execute()
