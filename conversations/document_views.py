@@ -91,3 +91,11 @@ def document_delete(request, document_id: int):
     document = document_selectors.document_get_for_user(user=request.user, document_id=document_id)
     document_services.document_delete(document=document)
     return JsonResponse({"id": document_id, "deleted": True})
+
+
+@login_required
+@require_GET
+def passage(request, chunk_id: int):
+    """A cited passage of one of the user's files (a citation chip opens it): ``{"chunk_id", "document_id",
+    "name", "page", "ordinal", "text"}``; 404 for anyone else's or a removed file's."""
+    return JsonResponse(document_selectors.passage_get_for_user(user=request.user, chunk_id=chunk_id))

@@ -39,6 +39,7 @@ from conversations.services import (
     message_create,
     title_from_content,
 )
+from documents.selectors import citations_for_messages
 from inference.registry import declare_queue, models_for_tier, queue_for, task_priority
 from observability import tracing
 from observability.logs import current_field
@@ -461,7 +462,11 @@ def generation_finish(
             )
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
-        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+        done = broadcast.frame_done(message=message)
+        cited = citations_for_messages(message_ids=[message.id]).get(message.id)
+        if cited:  # the passages of the conversation's files this reply was given (chips on the page)
+            done["citations"] = cited
+        broadcast.publish_on_commit(message.id, done)
         if updated and not message.conversation.stored:
             # An API completion without ``store: true`` (conversations/completions.py): the done frame above
             # carries its result; the usage record stays, its message link cleared.

@@ -10,6 +10,7 @@ urlpatterns = [
     path("import/", archive_views.import_page, name="import"),
     path("documents/", document_views.document_upload, name="document_upload_new"),
     path("documents/<int:document_id>/delete/", document_views.document_delete, name="document_delete"),
+    path("passages/<int:chunk_id>/", document_views.passage, name="passage"),
     path("<int:conversation_id>/", views.chat_detail, name="detail"),
     path("<int:conversation_id>/messages/", views.chat_messages, name="messages"),
     path("<int:conversation_id>/branch/", views.chat_branch, name="branch"),

@@ -15,6 +15,15 @@ from documents.progress import document_dict
 from inference.registry import models_for_tier
 
 
+def _with_citations(messages):
+    """Set ``cited`` (the reply's citation chips, ``documents.selectors.citations_for_messages``) on each
+    message; returns ``messages``."""
+    cited = document_selectors.citations_for_messages(message_ids=[m.id for m in messages])
+    for m in messages:
+        m.cited = cited.get(m.id, [])
+    return messages
+
+
 def home(request):
     """``/``: the chat for a signed-in user, the log-in page otherwise."""
     return redirect("conversations:new" if request.user.is_authenticated else "accounts:login")
@@ -41,7 +50,7 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             user=request.user, page_number=request.GET.get("page")
         ),
         "conversation": conversation,
-        "chat_messages": path.messages,
+        "chat_messages": _with_citations(path.messages),
         "has_older": path.has_older,
         "focus_message_id": focus_message_id,
         "ws_path": "/ws/chat/",
@@ -104,7 +113,7 @@ def chat_messages(request, conversation_id: int):
         if before.conversation_id != conversation.id:
             raise Http404("message not in this conversation")
     path = branches.active_path(conversation=conversation, before=before, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
@@ -126,7 +135,7 @@ def chat_branch(request, conversation_id: int):
         ),
     )
     path = branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 

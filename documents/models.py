@@ -53,3 +53,21 @@ class Document(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+
+class Citation(models.Model):
+    """A passage (a memory chunk of a document) given to the model for one reply, as ``[marker]`` in its
+    context; the page shows it as a chip that opens the passage. Deleting the file (its chunks) or the reply
+    deletes its citations."""
+
+    message = models.ForeignKey("conversations.Message", on_delete=models.CASCADE, related_name="citations")
+    chunk = models.ForeignKey("memory.Chunk", on_delete=models.CASCADE, related_name="citations")
+    marker = models.PositiveSmallIntegerField()
+    score = models.FloatField()  # cosine similarity to the question
+
+    class Meta:
+        ordering = ["message_id", "marker"]
+        constraints = [models.UniqueConstraint(fields=["message", "marker"], name="citation_msg_marker_uniq")]
+
+    def __str__(self) -> str:
+        return f"[{self.marker}] of message {self.message_id}"

@@ -1,10 +1,9 @@
-"""Writes of documents: adding a file to a conversation, processing it (extract, chunk, embed, index),
-deleting it. Keyword-only ``<entity>_<verb>`` functions.
+"""Writes of documents in the web process: adding a file to a conversation, deleting it. Keyword-only
+``<entity>_<verb>`` functions.
 
-A file is checked before anything is stored (:func:`document_add`); its text is extracted, chunked and
-embedded by a worker (:func:`document_process`, the ``documents.process`` task on the embeddings queue),
-which writes every chunk and vector in one transaction with the ``ready`` state, so a file that fails
-half-way leaves nothing indexed.
+A file is checked before anything is stored (:func:`document_add`); its text is then extracted, chunked and
+embedded by an embeddings worker (``documents.processing.document_process``, the ``documents.process`` task),
+which writes every chunk and vector in one transaction with the ``ready`` state.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from documents.parsing import DocumentRejected, Limits
 from documents.progress import frame_document, publish_document, publish_frame
 from documents.selectors import document_count
 from documents.signals import stored_file_delete
+from memory.models import Chunk
+from memory.services import chunks_delete_for_source
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +104,10 @@ def document_add(*, user, conversation, name: str, data: bytes) -> Document:
 
 
 def document_delete(*, document: Document) -> None:
-    """Delete a document, its chunks, their vectors and citations, and (after commit) its stored file."""
+    """Delete a document, its chunks (memory's), their vectors and citations, and (after commit) its stored
+    file."""
     frame = frame_document(document=document, deleted=True)  # before the delete clears the pk
     with transaction.atomic():
+        chunks_delete_for_source(source_kind=Chunk.Source.DOCUMENT, source_id=document.pk)
         document.delete()
         publish_frame(owner_id=document.owner_id, frame=frame)

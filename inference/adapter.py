@@ -20,6 +20,13 @@ from conversations.generations import (
 )
 from conversations.models import Message
 from conversations.outages import DB_OUTAGE_ERRORS, with_db_retry
+from documents.retrieval import (
+    DocumentsContext,
+    citations_record,
+    documents_budget,
+    documents_context,
+    with_documents,
+)
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
 from observability import tracing
@@ -123,13 +130,26 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         system_prompt, turns = generation_history(message=message)
         context_limit = min(tier.max_context_tokens, engine.context_length)
         max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
-        context = assemble_context(
-            system_prompt=system_prompt,
-            history=turns,
-            budget_tokens=context_limit - max_new_tokens,
-            tokenize=engine.render_chat,
-        )
+        budget = context_limit - max_new_tokens
+        cited = _documents_context(engine, message, turns, budget)
+        try:
+            context = assemble_context(
+                system_prompt=with_documents(system_prompt, cited),
+                history=turns,
+                budget_tokens=budget,
+                tokenize=engine.render_chat,
+            )
+        except ContextTooLong:
+            if not cited.text:
+                raise
+            # The passages left no room for the newest turn: answer without them.
+            cited = DocumentsContext()
+            context = assemble_context(
+                system_prompt=system_prompt, history=turns, budget_tokens=budget, tokenize=engine.render_chat
+            )
         generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+        if cited.cited:
+            citations_record(reply_id=message.id, cited=cited.cited)
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
@@ -181,6 +201,19 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     )
     with tracing.span("generation.final_write"):
         return _finish(message, final)
+
+
+def _documents_context(engine, message: Message, turns: list[dict], budget: int) -> DocumentsContext:
+    """Passages of the conversation's files for the last user turn (docs/documents.md)."""
+    question = next((t["content"] for t in reversed(turns) if t["role"] == Message.Role.USER), "")
+    conversation = message.conversation
+    return documents_context(
+        user_id=conversation.owner_id,
+        conversation_id=conversation.id,
+        question=question,
+        budget_tokens=documents_budget(prompt_budget_tokens=budget),
+        count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
+    )
 
 
 def _record_engine_spans(submitted_ns: int, t) -> None:

@@ -120,7 +120,8 @@ def _recall(
                 vector=vector,
                 k=k,
                 min_score=min_score,
-                flt=SearchFilter(exclude_message_ids=exclude),
+                # Turns only: a file's passages are retrieved in its own conversation (documents.retrieval).
+                flt=SearchFilter(exclude_message_ids=exclude, source_kinds=("turn",)),
             )
         current.set_attribute("memory.hits", len(found))
     metrics.RETRIEVAL_SECONDS.labels(backend).observe(time.perf_counter() - started)

@@ -324,6 +324,7 @@ EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_p
 CELERY_TASK_ROUTES = {
     "memory.embed_chunks": {"queue": "embeddings", "routing_key": "embeddings"},
     "memory.embed_query": {"queue": "embeddings.query", "routing_key": "embeddings.query"},
+    "documents.process": {"queue": "embeddings", "routing_key": "embeddings"},  # uploaded files
 }
 
 # --- Documents (issue 27): files uploaded to a conversation, chunked with overlap, embedded, cited ---
@@ -377,3 +378,5 @@ else:
     raise environ.ImproperlyConfigured("DOCUMENTS_STORAGE_BACKEND must be local or s3")
 # The Celery queue that parses and embeds uploaded files (the embeddings workers consume it).
 DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
+# Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
+DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)
