@@ -26,6 +26,7 @@ def test_upload_a_pdf_ask_about_it_see_the_citation_and_reload(
     make_user,
     celery_worker,
     embeddings_worker,  # noqa: F811
+    shots_dir,
 ):
     alice = make_user("doc-reader")
     Tier.objects.filter(name="free").update(max_reply_tokens=24)
