@@ -40,6 +40,8 @@ INSTALLED_APPS = [
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
     "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
+    "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
+    "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "axes",  # log-in throttling (issue 7)
 ]
 
