@@ -1,4 +1,4 @@
-"""Files for the document tests, made in the test itself: PDFs written by hand (one Helvetica text object per
+"""Files for the document tests and the documents benchmark, made on the spot: PDFs written by hand (one Helvetica text object per
 page, as the PDF 1.7 reference's minimal examples), DOCX files written with python-docx."""
 
 from __future__ import annotations

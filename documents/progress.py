@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from documents.models import Document
+from events import broadcast
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,13 @@ def publish_document(*, document: Document, deleted: bool = False, on_commit: bo
 
 def publish_frame(*, owner_id: int, frame: dict[str, Any], on_commit: bool = True) -> None:
     """Send ``frame`` to the tabs of user ``owner_id`` (after commit by default)."""
-    from conversations import broadcast
-
     if on_commit:
-        transaction.on_commit(lambda: _send(broadcast, owner_id, frame), robust=True)
+        transaction.on_commit(lambda: _send(owner_id, frame), robust=True)
     else:
-        _send(broadcast, owner_id, frame)
+        _send(owner_id, frame)
 
 
-def _send(broadcast, owner_id: int, frame: dict[str, Any]) -> None:
+def _send(owner_id: int, frame: dict[str, Any]) -> None:
     try:
         broadcast.publish_to_user(owner_id, frame)
     except Exception:  # Redis down: the stored state is what counts

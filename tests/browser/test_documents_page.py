@@ -8,7 +8,7 @@ import pytest
 from billing.models import Tier
 from documents.models import Citation, Document
 from tests.browser.helpers import wait_last_assistant
-from tests.document_files import make_pdf
+from devtools.document_files import make_pdf
 from tests.integration.test_memory_worker import embeddings_worker  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]

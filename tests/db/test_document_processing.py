@@ -17,7 +17,7 @@ from documents.retrieval import DOCUMENTS_MARKER, citations_record, documents_co
 from documents.services import document_add, document_delete
 from memory.models import Chunk
 from memory.store import store_for
-from tests.document_files import make_docx, make_pdf
+from devtools.document_files import make_docx, make_pdf
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from api.services import api_key_create
 from conversations import archive, services
 from documents.models import Document
 from tests.conftest import broker_take
-from tests.document_files import PNG, make_docx, make_pdf
+from devtools.document_files import PNG, make_docx, make_pdf
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ clear refusals of bad files. Fixture files are made here (tests/document_files.p
 import pytest
 
 from documents.parsing import DocumentRejected, Limits, extract, inspect
-from tests.document_files import PNG, make_docx, make_pdf, make_zip
+from devtools.document_files import PNG, make_docx, make_pdf, make_zip
 
 LIMITS = Limits(max_bytes=1_000_000, max_pages=5, max_uncompressed_bytes=2_000_000, max_text_chars=50_000)
 

@@ -1,21 +1,22 @@
-"""Benchmark: parse + index time of a PDF (default 50 pages of ~2,400 characters of prose each), end to end
+"""``manage.py documents_bench``: parse + index time of a PDF (default 50 pages of ~2,400 characters of prose each), end to end
 through ``documents.processing.document_process`` with the packaged all-MiniLM-L6-v2 run in this process (as
 the embeddings worker runs it), against this checkout's PostgreSQL. Prints each stage's median [min-max]
 over the rounds: text extraction (pypdf), chunking, embedding, and the whole processing including the
 one-transaction write of chunks and vectors.
 
-    DJANGO_SETTINGS_MODULE=chatsite.settings.dev HF_HUB_OFFLINE=1 \\
-        .venv/bin/python -m devtools.documents_bench --pages 50 --rounds 3
+    HF_HUB_OFFLINE=1 .venv/bin/python manage.py documents_bench --pages 50 --rounds 3
 
 Creates a throwaway user, conversation and documents and deletes them at the end.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import time
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
 
 
 def _fmt(values: list[float]) -> str:
@@ -35,64 +36,54 @@ def make_text(page: int, chars: int) -> str:
     return f"Page {page}. " + " ".join(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=50)
-    parser.add_argument("--chars-per-page", type=int, default=2400)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+class Command(BaseCommand):
+    help = "Parse + index time of a generated PDF through documents.processing (median [min-max])."
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.dev")
-    import django
+    def add_arguments(self, parser):
+        parser.add_argument("--pages", type=int, default=50)
+        parser.add_argument("--chars-per-page", type=int, default=2400)
+        parser.add_argument("--rounds", type=int, default=3)
 
-    django.setup()
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
+    def handle(self, *args, pages: int, chars_per_page: int, rounds: int, **options):
+        from conversations.services import conversation_create
+        from documents import parsing
+        from documents.processing import document_process, pieces_of
+        from documents.services import document_add, documents_limits
+        from memory.embedding import Embedder
+        from devtools.document_files import make_pdf
 
-    from conversations.services import conversation_create
-    from documents import parsing
-    from documents.processing import document_process, pieces_of
-    from documents.services import document_add, documents_limits
-    from memory.embedding import Embedder
-    from tests.document_files import make_pdf
-
-    settings.DOCUMENTS_MAX_PAGES = max(settings.DOCUMENTS_MAX_PAGES, args.pages)
-    pdf = make_pdf([make_text(p, args.chars_per_page) for p in range(1, args.pages + 1)])
-    print(f"PDF: {args.pages} pages, {len(pdf) / 1024:.0f} KiB; loading the embedding model…", flush=True)
-    embedder = Embedder(num_threads=settings.EMBEDDINGS_NUM_THREADS or None)
-    embedder.encode(["warm up"])
-    user = get_user_model().objects.create_user(username=f"bench-{time.time_ns()}", password="x")
-    conversation = conversation_create(owner=user, title="documents bench")
-    extract_s, chunk_s, embed_s, total_s, chunks = [], [], [], [], 0
-    try:
-        for round_ in range(args.rounds):
-            t0 = time.perf_counter()
-            sections = parsing.extract(pdf, kind="pdf", limits=documents_limits())
-            t1 = time.perf_counter()
-            pieces, _ = pieces_of(sections)
-            t2 = time.perf_counter()
-            embedder.encode([p.text for p in pieces])
-            t3 = time.perf_counter()
-            extract_s.append(t1 - t0)
-            chunk_s.append(t2 - t1)
-            embed_s.append(t3 - t2)
-            chunks = len(pieces)
-            document = document_add(
-                user=user, conversation=conversation, name=f"bench-{round_}.pdf", data=pdf
-            )
-            t4 = time.perf_counter()
-            status = document_process(document_id=document.id, encode=embedder.encode)
-            total_s.append(time.perf_counter() - t4)
-            assert status == "ready", status
-            print(f"round {round_ + 1}: total {total_s[-1]:.2f} s", flush=True)
-    finally:
-        user.delete()
-    print(f"{args.pages} pages -> {chunks} chunks, {args.rounds} rounds, median [min-max]:")
-    print(f"  extract (pypdf)        {_fmt(extract_s)}")
-    print(f"  chunk (tokenizer)      {_fmt(chunk_s)}")
-    print(f"  embed (MiniLM, 1 proc) {_fmt(embed_s)}")
-    print(f"  document_process total {_fmt(total_s)}  (read + extract + chunk + embed + write)")
-
-
-if __name__ == "__main__":
-    main()
+        settings.DOCUMENTS_MAX_PAGES = max(settings.DOCUMENTS_MAX_PAGES, pages)
+        pdf = make_pdf([make_text(p, chars_per_page) for p in range(1, pages + 1)])
+        self.stdout.write(f"PDF: {pages} pages, {len(pdf) / 1024:.0f} KiB; loading the embedding model…")
+        embedder = Embedder(num_threads=settings.EMBEDDINGS_NUM_THREADS or None)
+        embedder.encode(["warm up"])
+        user = get_user_model().objects.create_user(username=f"bench-{time.time_ns()}", password="x")
+        conversation = conversation_create(owner=user, title="documents bench")
+        extract_s, chunk_s, embed_s, total_s, chunks = [], [], [], [], 0
+        try:
+            for round_ in range(rounds):
+                t0 = time.perf_counter()
+                sections = parsing.extract(pdf, kind="pdf", limits=documents_limits())
+                t1 = time.perf_counter()
+                pieces, _ = pieces_of(sections)
+                t2 = time.perf_counter()
+                embedder.encode([p.text for p in pieces])
+                t3 = time.perf_counter()
+                extract_s.append(t1 - t0)
+                chunk_s.append(t2 - t1)
+                embed_s.append(t3 - t2)
+                chunks = len(pieces)
+                document = document_add(user=user, conversation=conversation, name=f"bench-{round_}.pdf", data=pdf)
+                t4 = time.perf_counter()
+                status = document_process(document_id=document.id, encode=embedder.encode)
+                total_s.append(time.perf_counter() - t4)
+                if status != "ready":
+                    raise RuntimeError(f"the document ended {status}")
+                self.stdout.write(f"round {round_ + 1}: total {total_s[-1]:.2f} s")
+        finally:
+            user.delete()  # its documents, chunks and vectors go with it
+        self.stdout.write(f"{pages} pages -> {chunks} chunks, {rounds} rounds, median [min-max]:")
+        self.stdout.write(f"  extract (pypdf)        {_fmt(extract_s)}")
+        self.stdout.write(f"  chunk (tokenizer)      {_fmt(chunk_s)}")
+        self.stdout.write(f"  embed (MiniLM, 1 proc) {_fmt(embed_s)}")
+        self.stdout.write(f"  document_process total {_fmt(total_s)}  (read + extract + chunk + embed + write)")
