@@ -13,9 +13,9 @@ from django.http import HttpResponse
 from ninja import Schema, Status
 
 from api.auth import ApiKeyBearer
-from api.dbconn import closes_connections
 from api.history import history_api
 from conversations.selectors import conversation_get_for_user
+from database.connections import closes_connections
 from documents import selectors as document_selectors
 from documents import services as document_services
 from documents.parsing import DocumentRejected

@@ -9,12 +9,13 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations import broadcast, selectors, services
+from conversations import selectors, services
 from documents import selectors as document_selectors
 from documents import services as document_services
 from documents.parsing import DocumentRejected
 from documents.progress import document_dict
 from documents.uploads import status_for, upload_limit, upload_take
+from events import broadcast
 
 
 def _refused(rejected: DocumentRejected) -> JsonResponse:

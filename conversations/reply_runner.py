@@ -19,7 +19,6 @@ from conversations.generation_worker import (
 )
 from conversations.models import Message
 from database.outages import DB_OUTAGE_ERRORS, with_db_retry
-from events import broadcast
 from documents.retrieval import (
     DocumentsContext,
     citations_record,
@@ -27,6 +26,7 @@ from documents.retrieval import (
     documents_context,
     with_documents,
 )
+from events import broadcast
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
 from observability import tracing

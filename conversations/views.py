@@ -10,9 +10,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
 from conversations import branches, selectors, services, sharing, token_budget
-from events import broadcast
 from documents import selectors as document_selectors
 from documents.progress import document_dict
+from events import broadcast
 from inference.registry import models_for_tier
 
 

@@ -6,9 +6,9 @@ become ready, ask about the PDF, see the citation chip and its passage, reload: 
 import pytest
 
 from billing.models import Tier
+from devtools.document_files import make_pdf
 from documents.models import Citation, Document
 from tests.browser.helpers import wait_last_assistant
-from devtools.document_files import make_pdf
 from tests.integration.test_memory_worker import embeddings_worker  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -9,15 +9,16 @@ from channels.layers import get_channel_layer
 from django.urls import reverse
 
 from accounts.services import account_delete
-from conversations import broadcast, services
+from conversations import services
 from conversations.models import Message
+from devtools.document_files import make_docx, make_pdf
 from documents.models import Citation, Document
 from documents.processing import document_process
 from documents.retrieval import DOCUMENTS_MARKER, citations_record, documents_context
 from documents.services import document_add, document_delete
+from events import broadcast
 from memory.models import Chunk
 from memory.store import store_for
-from devtools.document_files import make_docx, make_pdf
 
 pytestmark = pytest.mark.django_db
 

@@ -12,9 +12,9 @@ from django.urls import reverse
 
 from api.services import api_key_create
 from conversations import archive, services
+from devtools.document_files import PNG, make_docx, make_pdf
 from documents.models import Document
 from tests.conftest import broker_take
-from devtools.document_files import PNG, make_docx, make_pdf
 
 pytestmark = pytest.mark.django_db
 

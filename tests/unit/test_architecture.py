@@ -22,6 +22,8 @@ PRODUCT_PACKAGES = (
     "events",
     "observability",
     "database",
+    "documents",
+    "memory",
 )
 #: Product files allowed past MAX_LINES, each with its reason.
 LONG_FILE_EXCEPTIONS = {

@@ -1,10 +1,10 @@
 """Recognising and reading uploaded files (documents.parsing): each type by content, the limits, and the
-clear refusals of bad files. Fixture files are made here (tests/document_files.py)."""
+clear refusals of bad files. Fixture files are made here (devtools/document_files.py)."""
 
 import pytest
 
-from documents.parsing import DocumentRejected, Limits, extract, inspect
 from devtools.document_files import PNG, make_docx, make_pdf, make_zip
+from documents.parsing import DocumentRejected, Limits, extract, inspect
 
 LIMITS = Limits(max_bytes=1_000_000, max_pages=5, max_uncompressed_bytes=2_000_000, max_text_chars=50_000)
 

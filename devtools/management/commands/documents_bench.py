@@ -46,11 +46,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, pages: int, chars_per_page: int, rounds: int, **options):
         from conversations.services import conversation_create
+        from devtools.document_files import make_pdf
         from documents import parsing
         from documents.processing import document_process, pieces_of
         from documents.services import document_add, documents_limits
         from memory.embedding import Embedder
-        from devtools.document_files import make_pdf
 
         settings.DOCUMENTS_MAX_PAGES = max(settings.DOCUMENTS_MAX_PAGES, pages)
         pdf = make_pdf([make_text(p, chars_per_page) for p in range(1, pages + 1)])
@@ -73,7 +73,9 @@ class Command(BaseCommand):
                 chunk_s.append(t2 - t1)
                 embed_s.append(t3 - t2)
                 chunks = len(pieces)
-                document = document_add(user=user, conversation=conversation, name=f"bench-{round_}.pdf", data=pdf)
+                document = document_add(
+                    user=user, conversation=conversation, name=f"bench-{round_}.pdf", data=pdf
+                )
                 t4 = time.perf_counter()
                 status = document_process(document_id=document.id, encode=embedder.encode)
                 total_s.append(time.perf_counter() - t4)
@@ -86,4 +88,6 @@ class Command(BaseCommand):
         self.stdout.write(f"  extract (pypdf)        {_fmt(extract_s)}")
         self.stdout.write(f"  chunk (tokenizer)      {_fmt(chunk_s)}")
         self.stdout.write(f"  embed (MiniLM, 1 proc) {_fmt(embed_s)}")
-        self.stdout.write(f"  document_process total {_fmt(total_s)}  (read + extract + chunk + embed + write)")
+        self.stdout.write(
+            f"  document_process total {_fmt(total_s)}  (read + extract + chunk + embed + write)"
+        )
