@@ -6,6 +6,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import environ
 from kombu import Exchange, Queue
@@ -77,6 +78,8 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
+# A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
+DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
 # 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
 # (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
 # task, which costs a millisecond against seconds of generation.
