@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing.quota import quota_settle
 from billing.services import usage_record_create
-from conversations import branches, broadcast, token_budget
+from conversations import branches, broadcast, recall, token_budget
 from conversations.admission import (
     Admission,
     AdmissionRefused,
@@ -461,6 +461,8 @@ def generation_finish(
             )
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
+        if updated and status == Message.Status.COMPLETED:
+            recall.turn_remember(message=message)  # indexed for memory; embedded after commit
         broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
         if updated and not message.conversation.stored:
             # An API completion without ``store: true`` (conversations/completions.py): the done frame above

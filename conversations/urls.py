@@ -14,6 +14,7 @@ urlpatterns = [
     path("<int:conversation_id>/rename/", views.chat_rename, name="rename"),
     path("<int:conversation_id>/delete/", views.chat_delete, name="delete"),
     path("<int:conversation_id>/system-prompt/", views.chat_system_prompt, name="system_prompt"),
+    path("<int:conversation_id>/memory/", views.chat_memory, name="memory"),
     path("<int:conversation_id>/export/", archive_views.export_one, name="export"),
     path("<int:conversation_id>/share/", share_views.share_create, name="share"),
     path("shares/<int:link_id>/revoke/", share_views.share_revoke, name="share_revoke"),

@@ -9,8 +9,10 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
-from conversations import branches, broadcast, selectors, services, sharing, token_budget
+from conversations import branches, broadcast, recall, selectors, services, sharing, token_budget
 from inference.registry import models_for_tier
+from memory.selectors import conversation_memory_enabled
+from memory.services import conversation_memory_set
 
 
 def home(request):
@@ -34,6 +36,7 @@ def _render_chat(request, conversation, *, focus_message_id=None):
         if conversation
         else branches.PathPage(messages=[], has_older=False)
     )
+    recall.attach_recalls(user=request.user, messages=path.messages)
     context = {
         "conversations": selectors.conversation_page_for_user(
             user=request.user, page_number=request.GET.get("page")
@@ -56,6 +59,9 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             "maxChars": settings.MAX_MESSAGE_CHARS,
         },
         "shares": sharing.shares_for_conversation(conversation=conversation) if conversation else [],
+        "conversation_memory": conversation_memory_enabled(conversation_id=conversation.id)
+        if conversation
+        else True,
     }
     return render(request, "chat/chat.html", context)
 
@@ -95,6 +101,7 @@ def chat_messages(request, conversation_id: int):
         if before.conversation_id != conversation.id:
             raise Http404("message not in this conversation")
     path = branches.active_path(conversation=conversation, before=before, limit=branches.PATH_PAGE_SIZE)
+    recall.attach_recalls(user=request.user, messages=path.messages)
     response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
@@ -117,6 +124,7 @@ def chat_branch(request, conversation_id: int):
         ),
     )
     path = branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE)
+    recall.attach_recalls(user=request.user, messages=path.messages)
     response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
@@ -174,4 +182,19 @@ def chat_system_prompt(request, conversation_id: int):
         flash.error(request, f"System prompt not saved: {exc}.")
     else:
         flash.success(request, "System prompt saved; it applies to the next replies.")
+    return redirect("conversations:detail", conversation_id=conversation.id)
+
+
+@login_required
+@require_POST
+def chat_memory(request, conversation_id: int):
+    """POST ``enabled`` = "on" | "off": let memory use this conversation, or keep it out (off also forgets
+    what memory had kept of it)."""
+    conversation = selectors.conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    enabled = request.POST.get("enabled") == "on"
+    conversation_memory_set(user_id=request.user.pk, conversation_id=conversation.id, enabled=enabled)
+    flash.success(
+        request,
+        "Memory may use this conversation." if enabled else "This conversation is kept out of memory.",
+    )
     return redirect("conversations:detail", conversation_id=conversation.id)

@@ -10,7 +10,7 @@ import time
 import redis
 from django.conf import settings
 
-from conversations import broadcast
+from conversations import broadcast, recall
 from conversations.context import ContextTooLong, assemble_context
 from conversations.generations import (
     generation_finish,
@@ -128,6 +128,16 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
             history=turns,
             budget_tokens=context_limit - max_new_tokens,
             tokenize=engine.render_chat,
+        )
+        context = recall.context_with_memory(
+            message=message,
+            tier=tier,
+            system_prompt=system_prompt,
+            turns=turns,
+            window=context,
+            budget_tokens=context_limit - max_new_tokens,
+            tokenize=engine.render_chat,
+            count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
         )
         generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
     broadcast.publish(
