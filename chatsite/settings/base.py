@@ -314,6 +314,8 @@ if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
 # Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
 MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
 MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
+MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
 # How long a reply waits for its question's embedding before going on without recall (seconds).
 MEMORY_QUERY_TIMEOUT_S = env.float("MEMORY_QUERY_TIMEOUT_S", default=2.0)
 # The embeddings worker: texts per model call, how long to wait to fill a batch (s), torch threads (0: torch's).
