@@ -9,13 +9,13 @@ on without recall.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 
 import numpy as np
 import redis
 from django.conf import settings
 
+from events import broadcast
 from memory.embedding import DIMENSIONS
 
 logger = logging.getLogger(__name__)
@@ -23,16 +23,10 @@ logger = logging.getLogger(__name__)
 #: Seconds an answer stays in Redis when nobody took it (the reply gave up waiting).
 ANSWER_TTL_S = 30
 
-_client: redis.Redis | None = None
-_client_lock = threading.Lock()
-
 
 def redis_client() -> redis.Redis:
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = redis.Redis.from_url(settings.REDIS_URL)
-        return _client
+    """The process's Redis client (``events.broadcast``'s, one connection pool per process)."""
+    return broadcast.redis_client()
 
 
 def answer_key() -> str:

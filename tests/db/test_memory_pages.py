@@ -89,3 +89,44 @@ def test_switch_and_forgetting_change_what_is_stored(client, alice):
     assert turn(alice)[1] == []
     client.post(reverse("memory:switch"), {"enabled": "on"})
     assert account_memory_enabled(user_id=alice.pk)
+
+
+def test_the_export_carries_the_users_key_facts_and_switch(client, alice, bob):
+    services.memory_create(user_id=alice.pk, text="I am vegetarian")
+    services.memory_create(user_id=bob.pk, text="Bob's fact")
+    services.account_memory_set(user_id=alice.pk, enabled=False)
+    client.force_login(alice)
+
+    document = client.get(reverse("conversations:export_all"), {"format": "json"}).json()
+
+    assert document["memory"]["enabled"] is False
+    assert [m["text"] for m in document["memory"]["memories"]] == ["I am vegetarian"]
+
+
+def test_readyz_and_fleet_show_the_vector_store(client, alice):
+    from operations.management.commands.fleet import Command
+
+    turn(alice)  # one chunk, not embedded yet
+    body = client.get("/readyz").json()
+    assert body["vector_store"]["backend"] == "exact"
+    assert body["vector_store"]["pending"] == 1 and body["vector_store"]["vectors"] == 0
+    assert Command.vector_store_summary(body["vector_store"]) == (
+        "vector store: exact, 0 vectors, 1 chunks awaiting embedding"
+    )
+
+
+def test_the_conversation_switch_is_the_owners_and_forgets_its_turns(client, alice, bob):
+    conv, chunks = turn(alice)
+    client.force_login(bob)
+    assert client.post(reverse("conversations:memory", args=[conv.pk]), {"enabled": "off"}).status_code == 404
+    assert Chunk.objects.filter(conversation=conv).exists()
+
+    client.force_login(alice)
+    page = client.get(reverse("conversations:detail", args=[conv.pk])).content.decode()
+    assert "Keep this conversation out of memory" in page
+    client.post(reverse("conversations:memory", args=[conv.pk]), {"enabled": "off"})
+    assert not Chunk.objects.filter(conversation=conv).exists()
+    assert (
+        "Let memory use this conversation"
+        in client.get(reverse("conversations:detail", args=[conv.pk])).content.decode()
+    )
