@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from conversations import branches
 from conversations.context import AssembledContext, ContextTooLong, assemble_context
 from conversations.models import Message
+from memory import query as memory_query
 from memory import services as memory_services
 from memory.recall import memory_context
 from memory.selectors import recalls_for_replies
@@ -55,6 +56,7 @@ def context_with_memory(
             window_message_ids=window_message_ids(message=message, omitted=window.omitted),
             budget_tokens=tier.memory_budget_tokens,
             count_tokens=count_tokens,
+            reply_id=message.id,
         )
         if not memory.text:
             return window
@@ -71,6 +73,14 @@ def context_with_memory(
     except Exception:  # noqa: BLE001 - recall is an extra: the reply goes on with the plain window
         logger.exception("memory recall failed for reply %s", message.id)
         return window
+
+
+def question_prefetch(*, reply: Message, question: str) -> None:
+    """When ``reply`` is queued: have its question embedded already, so recall costs no round trip before
+    prefill (``memory.query.question_prefetch``). Skipped where recall will not run."""
+    conversation = reply.conversation
+    if conversation.stored and conversation.owner.tier.memory_budget_tokens > 0 and question.strip():
+        memory_query.question_prefetch(reply_id=reply.id, text=question)
 
 
 def turn_remember(*, message: Message) -> None:

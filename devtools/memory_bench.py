@@ -242,41 +242,58 @@ def bench_retrieval(args) -> None:
 
 
 def bench_recall_step(user) -> None:
-    """Time memory_context (question embedded by a real embeddings worker + search + formatting) at the
-    current size: what retrieval adds before prefill."""
+    """Time memory_context at the current size, as a reply's worker runs it before prefill: (a) the
+    question embedded by a real embeddings worker in a round trip, (b) the question prefetched when the
+    reply was queued and already answered (the reply's dispatch took longer than the embedding). The
+    added TTFT of a reply lies between the two."""
+    from memory.query import question_embed, question_prefetch, redis_client, reply_key
     from memory.recall import memory_context
 
+    env = {**os.environ, "EMBEDDINGS_METRICS_PORT": ""}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "memory.worker", "worker", "--pool", "threads",
          "--concurrency", "4", "-Q", "embeddings.query,embeddings", "-n", f"embeddings-bench-{os.getpid()}@%h",
          "--loglevel", "WARNING"],
-        cwd=ROOT, env={**os.environ, "EMBEDDINGS_METRICS_PORT": ""}, start_new_session=True,
+        cwd=ROOT, env=env, start_new_session=True,
     )  # fmt: skip
-    try:
-        from memory.query import question_embed
 
+    def step(i: int, reply_id: int | None) -> float:
+        started = time.perf_counter()
+        memory_context(
+            user_id=user.pk,
+            conversation_id=None,
+            question=f"What did I plan for the {i}-day trip?",
+            window_message_ids=list(range(1, 21)),
+            budget_tokens=512,
+            count_tokens=lambda s: len(s) // 4,
+            min_score=-1.0,
+            timeout_s=5,
+            reply_id=reply_id,
+        )
+        return (time.perf_counter() - started) * 1000
+
+    try:
         deadline = time.monotonic() + 120
         while question_embed(text="warm-up", timeout_s=2) is None:
             assert time.monotonic() < deadline, "the embeddings worker did not answer"
-        rounds = []
-        for _ in range(3):
-            times = []
-            for i in range(50):
-                started = time.perf_counter()
-                memory_context(
-                    user_id=user.pk,
-                    conversation_id=None,
-                    question=f"What did I plan for the {i}-day trip?",
-                    window_message_ids=list(range(1, 21)),
-                    budget_tokens=512,
-                    count_tokens=lambda s: len(s) // 4,
-                    min_score=-1.0,
-                    timeout_s=5,
-                )
-                times.append((time.perf_counter() - started) * 1000)
-            times.sort()
-            rounds.append(times[len(times) // 2])
-        print(f"  recall step before prefill (embed question + search + format) p50: {fmt(rounds, ' ms', 1)}")
+        for label, prefetched in (
+            ("question embedded in a round trip", False),
+            ("question prefetched", True),
+        ):
+            rounds = []
+            for r in range(3):
+                times = []
+                for i in range(50):
+                    reply_id = None
+                    if prefetched:
+                        reply_id = -(r * 1000 + i + 1)  # no such message: a key of its own
+                        question_prefetch(reply_id=reply_id, text=f"What did I plan for the {i}-day trip?")
+                        while not redis_client().llen(reply_key(reply_id)):
+                            time.sleep(0.002)
+                    times.append(step(i, reply_id))
+                times.sort()
+                rounds.append(times[len(times) // 2])
+            print(f"  recall step before prefill, {label}: p50 {fmt(rounds, ' ms', 1)}")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)

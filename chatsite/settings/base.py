@@ -323,7 +323,7 @@ MEMORY_QUERY_TIMEOUT_S = env.float("MEMORY_QUERY_TIMEOUT_S", default=2.0)
 # The embeddings worker: texts per model call, how long to wait to fill a batch (s), torch threads (0: torch's).
 EMBEDDINGS_MAX_BATCH = env.int("EMBEDDINGS_MAX_BATCH", default=64)
 EMBEDDINGS_BATCH_WAIT_S = env.float("EMBEDDINGS_BATCH_WAIT_S", default=0.005)
-EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=0)
+EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=1)
 # Its Prometheus endpoint ("" disables, 0 picks a free port).
 _embeddings_metrics_port = env("EMBEDDINGS_METRICS_PORT", default="9102")
 EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_port else None
