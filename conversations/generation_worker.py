@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from billing.quota import quota_settle
 from billing.services import usage_record_create
-from conversations import branches
+from conversations import branches, recall
 from conversations.models import Message
 from documents.selectors import citations_for_messages
 from events import broadcast
@@ -95,6 +95,8 @@ def generation_finish(
             )
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
+        if updated and status == Message.Status.COMPLETED:
+            recall.turn_remember(message=message)  # indexed for memory; embedded after commit
         done = broadcast.frame_done(message=message)
         cited = citations_for_messages(message_ids=[message.id]).get(message.id)
         if cited:  # the passages of the conversation's files this reply was given (chips on the page)

@@ -19,6 +19,7 @@ urlpatterns = [
     path("<int:conversation_id>/system-prompt/", views.chat_system_prompt, name="system_prompt"),
     path("<int:conversation_id>/documents/", document_views.document_list, name="documents"),
     path("<int:conversation_id>/documents/upload/", document_views.document_upload, name="document_upload"),
+    path("<int:conversation_id>/memory/", views.chat_memory, name="memory"),
     path("<int:conversation_id>/export/", archive_views.export_one, name="export"),
     path("<int:conversation_id>/share/", share_views.share_create, name="share"),
     path("shares/<int:link_id>/revoke/", share_views.share_revoke, name="share_revoke"),

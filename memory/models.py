@@ -47,6 +47,12 @@ class Chunk(models.Model):
             # The exact-scan store reads one user's embedded rows; index size is counted per user.
             models.Index(fields=["user", "source_kind"], name="memchunk_user_kind_idx"),
             models.Index(fields=["source_kind", "source_id", "ordinal"], name="memchunk_source_idx"),
+            # The exact store's check of a user's cached vectors (count, max and sum of ids), index-only.
+            models.Index(
+                fields=["user", "id"],
+                name="memchunk_user_embedded_idx",
+                condition=models.Q(embedding__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

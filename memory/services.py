@@ -9,6 +9,7 @@ itself as ``(source_kind, source_id)``, passes its conversation where it has one
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,8 @@ from memory.embedding import MODEL_NAME
 from memory.models import AccountMemory, Chunk, ConversationMemory, Memory, Recall
 from memory.selectors import memory_enabled_for
 from memory.store import Hit, store_for
+
+logger = logging.getLogger(__name__)
 
 #: Chunk ids per ``memory.embed_chunks`` task: small enough that the worker's batcher can mix many tasks'
 #: chunks into one model call, large enough that a long document is not thousands of tasks.
@@ -171,6 +174,24 @@ def turn_index(
         conversation_id=conversation_id,
         message_id=reply_id,
     )
+
+
+def turn_completed(*, user_id: int, conversation_id: int, reply_id: int, question: str, reply: str) -> None:
+    """The completion path's one call: a "remember that ..." question becomes a key fact, and the turn is
+    indexed (:func:`turn_index`). Runs in the caller's transaction inside a savepoint, so a failure here
+    is logged and never loses the reply being written."""
+    try:
+        with transaction.atomic():
+            memory_from_message(user_id=user_id, conversation_id=conversation_id, text=question)
+            turn_index(
+                user_id=user_id,
+                conversation_id=conversation_id,
+                reply_id=reply_id,
+                question=question,
+                reply=reply,
+            )
+    except Exception:  # noqa: BLE001 - memory is an extra; the reply's own write must stand
+        logger.exception("could not index reply %s for memory", reply_id)
 
 
 def recalls_record(*, reply_id: int, hits: Sequence[Hit]) -> list[Recall]:

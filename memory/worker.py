@@ -4,7 +4,8 @@
 A Celery app of its own that discovers only memory's and documents' tasks, so this process never loads a chat engine (the
 GPU workers' start-up hook lives in the inference tasks, not imported here). At start it loads the
 embedding model and serves its Prometheus metrics on ``EMBEDDINGS_METRICS_PORT``. Scale by running more of
-these processes (each loads its own copy of the model, ~90 MB) or more task threads per process.
+these processes (each loads its own copy of the model, ~90 MB of weights), each with its own
+``EMBEDDINGS_METRICS_PORT`` (docs/memory.md, "Scaling the embeddings workers").
 """
 
 import logging
@@ -55,8 +56,14 @@ def load_model_at_start(sender=None, **kwargs):
         )
     )
     if settings.EMBEDDINGS_METRICS_PORT is not None:
-        server, _thread = start_http_server(
-            settings.EMBEDDINGS_METRICS_PORT, addr=settings.METRICS_WORKER_ADDR
-        )
-        logger.info("embeddings metrics on port %s", server.server_port)
+        try:
+            server, _thread = start_http_server(
+                settings.EMBEDDINGS_METRICS_PORT, addr=settings.METRICS_WORKER_ADDR
+            )
+        except OSError as exc:  # a second worker on this host: give each its own port, or 0 for a free one
+            logger.warning(
+                "embeddings metrics not served on port %s: %s", settings.EMBEDDINGS_METRICS_PORT, exc
+            )
+        else:
+            logger.info("embeddings metrics on port %s", server.server_port)
     logger.info("embeddings worker ready (%s)", store_status()["backend"])

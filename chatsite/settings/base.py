@@ -6,6 +6,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import environ
 from kombu import Exchange, Queue
@@ -80,6 +81,8 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
+# A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
+DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
 # 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
 # (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
 # task, which costs a millisecond against seconds of generation.
@@ -314,12 +317,14 @@ if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
 # Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
 MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
 MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
+MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
 # How long a reply waits for its question's embedding before going on without recall (seconds).
 MEMORY_QUERY_TIMEOUT_S = env.float("MEMORY_QUERY_TIMEOUT_S", default=2.0)
 # The embeddings worker: texts per model call, how long to wait to fill a batch (s), torch threads (0: torch's).
 EMBEDDINGS_MAX_BATCH = env.int("EMBEDDINGS_MAX_BATCH", default=64)
 EMBEDDINGS_BATCH_WAIT_S = env.float("EMBEDDINGS_BATCH_WAIT_S", default=0.005)
-EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=0)
+EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=1)
 # Its Prometheus endpoint ("" disables, 0 picks a free port).
 _embeddings_metrics_port = env("EMBEDDINGS_METRICS_PORT", default="9102")
 EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_port else None

@@ -167,3 +167,21 @@ def test_pgvector_is_refused_at_start_up_where_the_database_lacks_it(settings):
         detect("default")
     settings.MEMORY_VECTOR_BACKEND = "auto"
     assert detect("default").name == "exact"
+
+
+def test_searches_follow_chunks_added_embedded_late_and_deleted_in_between(store):
+    rng = np.random.default_rng(6)
+    alice = make_user(store.using, "alice")
+    v = unit(rng, 8)
+    add_chunks(store, alice, v[:5])
+    assert len(store.search(user_id=alice.pk, vector=v[0], k=10)) == 5
+
+    late = Chunk.objects.using(store.using).create(user=alice, source_kind="turn", source_id=9, text="late")
+    newer = add_chunks(store, alice, v[6:7])[0]
+    assert store.search(user_id=alice.pk, vector=v[6], k=1)[0].chunk_id == newer.pk
+    store.add(rows=[(late.pk, alice.pk, v[5])])  # embedded after a newer chunk
+    assert store.search(user_id=alice.pk, vector=v[5], k=1)[0].chunk_id == late.pk
+
+    Chunk.objects.using(store.using).filter(pk=newer.pk).delete()
+    assert newer.pk not in {h.chunk_id for h in store.search(user_id=alice.pk, vector=v[6], k=10)}
+    assert len(store.search(user_id=alice.pk, vector=v[0], k=10)) == 6

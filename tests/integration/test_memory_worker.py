@@ -137,3 +137,55 @@ def test_the_worker_exports_throughput_queue_depth_and_index_size(embeddings_wor
     assert 'chatsite:embedding_queue_depth{queue="embeddings"}' in body
     assert f'chatsite:vector_index_size{{backend="{store_status()["backend"]}"}}' in body
     assert "chatsite:embedding_batch_size_bucket" in body
+
+
+@pytest.mark.asyncio
+async def test_a_reply_recalls_a_fact_from_another_conversation_and_its_own_turn_is_remembered(
+    embeddings_worker, celery_worker, alice, client, redis_clean
+):
+    from channels.db import database_sync_to_async
+    from django.conf import settings
+
+    from billing.models import Tier
+    from memory.models import Recall
+    from tests.sockets import open_socket
+
+    def setup():
+        Tier.objects.filter(name="free").update(max_reply_tokens=16)
+        conv, _answer = plant(alice, "Pets", *NEEDLES[0][1:3])
+        wait_embedded(alice)
+        client.force_login(alice)
+        return conv
+
+    pets = await database_sync_to_async(setup)()
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+    ws = await open_socket(cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "What is my cat's name?"})
+    queued = await ws.receive_json_from(timeout=60)
+    while (await ws.receive_json_from(timeout=180))["type"] != "done":
+        pass
+    await ws.disconnect()
+
+    def check():
+        reply = Message.objects.get(pk=queued["message_id"])
+        assert reply.status == "completed"
+        recalls = list(Recall.objects.filter(reply=reply).select_related("chunk"))
+        assert [r.chunk.conversation_id for r in recalls] == [pets.pk]
+        assert "Biscuit" in recalls[0].chunk.text
+        # The page names where it came from, with a link, and a Forget button.
+        page = client.get(f"/chat/{reply.conversation_id}/").content.decode()
+        assert "recalled from" in page and f'href="/chat/{pets.pk}/"' in page
+        # A share link of the new conversation shows none of it.
+        share = client.post(f"/chat/{reply.conversation_id}/share/")
+        assert share.status_code == 302
+        from conversations.models import SharedLink
+
+        token = SharedLink.objects.get(conversation_id=reply.conversation_id).token
+        shared = client.get(f"/s/{token}/").content.decode()
+        assert "recalled from" not in shared and f"/chat/{pets.pk}/" not in shared
+        assert "hates the vacuum cleaner" not in shared
+        # The new turn itself was indexed after the reply's commit and embedded by the worker.
+        wait_embedded(alice)
+        assert Chunk.objects.filter(message=reply, embedding__isnull=False).exists()
+
+    await database_sync_to_async(check)()
