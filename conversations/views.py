@@ -120,9 +120,8 @@ def chat_messages(request, conversation_id: int):
         if before.conversation_id != conversation.id:
             raise Http404("message not in this conversation")
     path = branches.active_path(conversation=conversation, before=before, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     recall.attach_recalls(user=request.user, messages=path.messages)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
@@ -144,9 +143,8 @@ def chat_branch(request, conversation_id: int):
         ),
     )
     path = branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     recall.attach_recalls(user=request.user, messages=path.messages)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
