@@ -22,7 +22,9 @@ def _spans(trace_id: str, start_ns: int, step_ms: float) -> list[dict]:
 def test_stages_of_each_reply_are_joined_by_trace_and_summarised_per_stage():
     spans = _spans("a" * 32, 1_000_000_000, 1.0) + _spans("b" * 32, 5_000_000_000, 3.0)
     spans += _spans("d" * 32, 9_000_000_000, 2.0)
-    spans.append({"name": "chat.send", "trace_id": "c" * 32, "start_ns": 1, "end_ns": 2})  # refused: no stages
+    spans.append(
+        {"name": "chat.send", "trace_id": "c" * 32, "start_ns": 1, "end_ns": 2}
+    )  # refused: no stages
     lines = [json.dumps(s) for s in spans] + ["", '{"torn']
     timelines = reply_timelines(read_spans(lines))
     assert len(timelines) == 3
