@@ -88,21 +88,15 @@ DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
 # task, which costs a millisecond against seconds of generation.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# psycopg's connection pool (Django 5.1+, ``OPTIONS["pool"]``): closing a connection returns it to the pool, so
-# the per-call close under ASGI (database/connections.py) stops costing a PostgreSQL connection set-up (a
-# socket, authentication, a backend process) per database call; a resume frame made two. 0 turns it off.
-# The worker returns its connection during decode (conversations/reply_runner.py), so max_size bounds the
-# connections a process holds, not its concurrency. Figures: docs/overhead.md.
+# psycopg's pool (Django 5.1+): a connection closed after each call under ASGI goes back to it; 0 = off (docs/overhead.md)
 DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=16)
 if DB_POOL_MAX_SIZE < 0:
     raise environ.ImproperlyConfigured("DB_POOL_MAX_SIZE must be >= 0 (0: no pool)")
-if DB_POOL_MAX_SIZE:
+if DB_POOL_MAX_SIZE:  # max_idle: idle connections beyond min_size close (s); timeout: wait for one (s)
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(DB_POOL_MAX_SIZE, env.int("DB_POOL_MIN_SIZE", default=2)),
         "max_size": DB_POOL_MAX_SIZE,
-        # Idle connections beyond min_size close after this many seconds (a shared PostgreSQL's slots).
         "max_idle": env.float("DB_POOL_MAX_IDLE_S", default=60.0),
-        # A call waits this long for a free connection before failing (answered ``unavailable``).
         "timeout": env.float("DB_POOL_TIMEOUT_S", default=10.0),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
