@@ -171,6 +171,7 @@ class LLMEngine:
             self.kv,
             max_positions=self.context_length,
             native_kernels=self.config.native_kernels,
+            kernel_memory=self.config.kernel_memory,
             release_weights=owns_model,
             block_weights=loaded.block_weights,
         )

@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from . import block_quant, kernels, memory
+from . import block_quant, memory
 from .errors import EngineError
 from .kernels import registry
 from .kernels.registry import KernelMemory
 from .kv_cache import KVCache
 from .runner_attention import AttentionMixin
 from .runner_linear import ROW_BUCKET, GatedUp, Linear, Natives, bucket_rows, uses_onednn
+from .runner_pointwise import PointwiseMixin
 from .runner_weights import BlockLookup, bias_of, fuse, own_small_tensors, release
 
 logger = logging.getLogger(__name__)
@@ -86,13 +86,7 @@ class _Layer:
     down: Linear
 
 
-def _pick(op: str, dtype: torch.dtype, native: bool, builds: dict[str, Any]) -> tuple[str, Any]:
-    """The registry's choice for an op that has one implementation for all row counts: ``(name, builds[name])``."""
-    bands = registry.choose(op, dtype, lambda entry: builds.get(entry.name), native=native)
-    return bands[0][1].name, bands[0][2]
-
-
-class ModelRunner(AttentionMixin):
+class ModelRunner(AttentionMixin, PointwiseMixin):
     """Executes :class:`StepBatch` es against a :class:`KVCache` using a Llama-family model.
 
     Args:
@@ -255,67 +249,6 @@ class ModelRunner(AttentionMixin):
             memory.trim_heap()
         return lw
 
-    def _choose_pointwise(self, native: bool, hidden: int) -> None:
-        """RMSNorm (alone and after the residual add), RoPE with the K/V cache writes and the greedy argmax: the
-        registry's choice, once (the native kernel or torch's ops)."""
-        el, eps, shape = self.elementwise, self.eps, (hidden,)
-
-        def torch_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, cast back, then the weight multiply in the model
-            # dtype. F.rms_norm without weight is the same float32 math in one kernel (bit-identical; checked by
-            # test_runner_matches_hf_modules). The native kernel does the same math in one pass, summing the squares
-            # in another order.
-            return weight * F.rms_norm(x.float(), shape, eps=eps).to(x.dtype)
-
-        def torch_add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            x[: delta.shape[0]].add_(delta)
-            return self._norm(x, weight)
-
-        native_norm = el and (lambda x, weight: el.rms_norm(x, weight, eps))
-        native_add = el and (lambda x, delta, weight: el.add_rms_norm(x, delta, weight, eps))
-        self._norm: Callable[..., torch.Tensor]
-        _, self._norm = _pick("rms_norm", self.dtype, native, {"rms_norm": native_norm, "torch": torch_norm})
-        _, self._add_norm = _pick(
-            "add_rms_norm", self.dtype, native, {"add_rms_norm": native_add, "torch": torch_add_norm}
-        )
-        rope = kernels.rope_cache() if native else None
-        name, fn = _pick("rope_cache", self.dtype, native, {"rope_cache": rope, "torch": "torch"})
-        #: RoPE with the K/V written into the cache in one native pass; ``None``: torch's ops and ``index_copy_``.
-        self.rope_cache = fn if name == "rope_cache" else None
-        name, fn = _pick("argmax", self.dtype, native, {"argmax": el and el.argmax, "torch": "torch"})
-        #: The greedy argmax of the logits (``[R, V] -> [R]``) when the native kernel is chosen, else ``None``.
-        self.argmax = fn if name == "argmax" else None
-
-    def _choose_attention(self, native: bool) -> None:
-        """Decode and prefill attention: the registry's choice, once (prefill by chunk length)."""
-        shape = {"head_dim": self.head_dim, "n_rep": self.n_rep}
-        decode = kernels.decode_attention() if native else None
-        fits = decode is not None and decode.supports(self.dtype, **shape)
-        name, fn = _pick(
-            "decode_attention", self.dtype, native, {"decode_attention": fits and decode, "torch": "sdpa"}
-        )
-        self.decode_kernel = fn if name == "decode_attention" else None
-        prefill = kernels.prefill_attention() if native else None
-        fits = prefill is not None and prefill.supports(self.dtype, **shape)
-        builds = {
-            "prefill_attention_amx": fits and prefill.uses_amx(self.head_dim) and prefill,
-            "prefill_attention": fits and prefill,
-            "sdpa_gqa": "sdpa_gqa",
-            "torch": "sdpa",
-        }
-        bands = registry.choose(
-            "prefill_attention", self.dtype, lambda e: builds[e.name] or None, native=native
-        )
-        self.prefill_bands = [(upto, entry.name) for upto, entry, _ in bands]
-        self.prefill_kernel = next((fn for _, e, fn in bands if e.name.startswith("prefill_attention")), None)
-        #: Prefill chunks of this many tokens or more attend through SDPA instead of the native kernel (AMX CPUs, bf16,
-        #: where the kernel cannot use the tiles: its AVX-512 dot products lose to torch's AMX flash attention).
-        self.sdpa_prefill_from: int | None = None
-        for (below, _, _), (_, entry, _) in zip([(0, None, None), *bands], bands, strict=False):
-            if entry.name == "sdpa_gqa" and self.prefill_kernel is not None:
-                self.sdpa_prefill_from = (below or 0) + 1
-                break
-
     def kernel_choices(self) -> dict[str, str]:
         """What runs where, for logs and docs: by op, ``"name (rows up to N), name (any)"`` (layer 0 for the
         projections)."""
@@ -373,27 +306,6 @@ class ModelRunner(AttentionMixin):
         for op, width, r in calls:
             op(torch.zeros(r, width, dtype=self.dtype, device=self.device))
         return time.perf_counter() - started
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm of ``x`` ``[rows, dim]``: the registry's choice (:meth:`_choose_pointwise`)."""
-        return self._norm(x, weight)
-
-    def _add_rms_norm(
-        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
-    ) -> torch.Tensor:
-        """``x[:len(delta)] += delta`` in place (the residual add; ``None``: nothing to add), then ``_rms_norm(x)``:
-        one native pass when the registry chose the kernel."""
-        if delta is None:
-            return self._norm(x, weight)
-        return self._add_norm(x, delta, weight)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-        # HF: x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1). Here the halves
-        # are swapped with one flip and the minus sign lives in sin_signed = cat(-sin1, sin2);
-        # (-a) * b == a * (-b) exactly, so the result is bit-identical.
-        half = x.shape[-1] // 2
-        swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
-        return (x * cos) + (swapped * sin_signed)
 
     # ------------------------------------------------------------------ forward
     @torch.inference_mode()

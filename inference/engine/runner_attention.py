@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from . import kernels
+from .kernels import registry
+from .runner_pointwise import pick
+
 if TYPE_CHECKING:
     from .runner import StepBatch
 
@@ -35,9 +39,40 @@ class AttentionMixin:
     decode_kernel: Any
     prefill_kernel: Any
     sdpa_prefill_from: int | None
+    dtype: torch.dtype
     _arange: torch.Tensor
     _zero: torch.Tensor
     _neg_inf: torch.Tensor
+
+    def _choose_attention(self, native: bool) -> None:
+        """Decode and prefill attention: the registry's choice, once (prefill by chunk length)."""
+        shape = {"head_dim": self.head_dim, "n_rep": self.n_rep}
+        decode = kernels.decode_attention() if native else None
+        fits = decode is not None and decode.supports(self.dtype, **shape)
+        name, fn = pick(
+            "decode_attention", self.dtype, native, {"decode_attention": fits and decode, "torch": "sdpa"}
+        )
+        self.decode_kernel = fn if name == "decode_attention" else None
+        prefill = kernels.prefill_attention() if native else None
+        fits = prefill is not None and prefill.supports(self.dtype, **shape)
+        builds = {
+            "prefill_attention_amx": fits and prefill.uses_amx(self.head_dim) and prefill,
+            "prefill_attention": fits and prefill,
+            "sdpa_gqa": "sdpa_gqa",
+            "torch": "sdpa",
+        }
+        bands = registry.choose(
+            "prefill_attention", self.dtype, lambda e: builds[e.name] or None, native=native
+        )
+        self.prefill_bands = [(upto, entry.name) for upto, entry, _ in bands]
+        self.prefill_kernel = next((fn for _, e, fn in bands if e.name.startswith("prefill_attention")), None)
+        #: Prefill chunks of this many tokens or more attend through SDPA instead of the native kernel (AMX CPUs, bf16,
+        #: where the kernel cannot use the tiles: its AVX-512 dot products lose to torch's AMX flash attention).
+        self.sdpa_prefill_from: int | None = None
+        for (below, _, _), (_, entry, _) in zip([(0, None, None), *bands], bands, strict=False):
+            if entry.name == "sdpa_gqa" and self.prefill_kernel is not None:
+                self.sdpa_prefill_from = (below or 0) + 1
+                break
 
     def _mask(self, keep: torch.Tensor) -> torch.Tensor:
         return torch.where(keep, self._zero, self._neg_inf)

@@ -28,14 +28,14 @@ Memory is a setting, not a hidden trade (``EngineConfig.kernel_memory``, ``INFER
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from ..config import KernelMemory
 from .build import cpu_flags
 from .table import FORMS, KERNELS, MEASURED, Kernel, Measurement
 
-KernelMemory = Literal["low", "fast"]
 #: Two measured implementations within this fraction of each other are a tie (the run-to-run noise of the 2-vCPU
 #: machines they were measured on); the one holding fewer weight bytes wins it.
 TIE = 0.05
@@ -106,10 +106,12 @@ def unavailable(
     return None
 
 
-def _measured_order(op: str, dtype: torch.dtype, kind: str, lo: int, hi: int | None) -> list[str]:
+def _measured_order(
+    op: str, dtype: torch.dtype, kind: str, lo: int, hi: int | None, measured: tuple[Measurement, ...]
+) -> list[str]:
     """The op's implementations measured for (kind, dtype) over a band holding ``lo..hi`` (``None``: unbounded),
     fastest first, ties (within :data:`TIE`) to the fewer weight bytes; ``[]``: nothing measured there."""
-    for m in MEASURED:
+    for m in measured:
         first, last = m.rows
         covers = first <= lo and (last is None or (hi is not None and hi <= last))
         if (m.kind, m.dtype, m.op) == (kind, dtype, op) and covers:
@@ -131,19 +133,21 @@ def order(
     *,
     memory: KernelMemory = "fast",
     kind: str | None = None,
+    measured: tuple[Measurement, ...] = MEASURED,
 ) -> list[Kernel]:
     """The op's implementations that may serve every row count from ``lo`` to ``hi`` (``None``: unbounded) in
     ``dtype``, best first: the ones measured over that band on the CPU kind (``kind``, default this CPU's) by speed,
-    then the rest by priority. With ``memory="low"`` the ones that read GGUF blocks for any row count go before the
-    other any-row ones. Availability is not checked here (:func:`unavailable`)."""
+    then the rest by priority (``measured``: the table, :data:`MEASURED`). With ``memory="low"`` the ones that read
+    GGUF blocks for any row count go before the other any-row ones. Availability is not checked here (:func:`unavailable`)."""
     fits = [
         k
         for k in kernels_of(op)
-        if k.rows_limit(dtype) is None or (hi is not None and k.rows_limit(dtype) >= hi)
+        if dtype in k.dtypes
+        and (k.rows_limit(dtype) is None or (hi is not None and k.rows_limit(dtype) >= hi))
     ]
-    measured = _measured_order(op, dtype, kind or cpu_kind(), lo, hi)
+    fastest = _measured_order(op, dtype, kind or cpu_kind(), lo, hi, measured)
     ranked = sorted(
-        fits, key=lambda k: (measured.index(k.name) if k.name in measured else len(measured), -k.priority)
+        fits, key=lambda k: (fastest.index(k.name) if k.name in fastest else len(fastest), -k.priority)
     )
     if memory == "low":
         unbounded = [i for i, k in enumerate(ranked) if k.rows_limit(dtype) is None]

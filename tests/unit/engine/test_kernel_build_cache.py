@@ -75,4 +75,6 @@ def test_an_object_under_our_name_whose_manifest_names_another_cpu_is_rebuilt(tm
 
 def test_another_compiler_version_is_another_key():
     common = {"content": b"x", "cc": "/usr/bin/gcc", "cpu": build.cpu_flags(), "link": [], "gomp": Path("g")}
-    assert build.build_key(cc_version="gcc 12.2.0", **common) != build.build_key(cc_version="gcc 13.1.0", **common)
+    assert build.build_key(cc_version="gcc 12.2.0", **common) != build.build_key(
+        cc_version="gcc 13.1.0", **common
+    )

@@ -260,7 +260,9 @@ def test_a_float32_runner_reads_a_q8_lm_head_from_its_blocks(kernel, tiny_loaded
         head.copy_(gguf_roundtrip(head[:, : head.shape[1] // 32 * 32], "q8_0"))  # tiny model: 64 inputs
     runner = float32_runner(model)
     assert runner.lm_head.kernel_for(40) == "linear_fma_blocks" and runner.lm_head.block_weight.kind == "q8_0"
-    assert all(lw.qkv.kernel_for(40) == "linear_fma" for lw in runner.layers)  # random float weights: no blocks
+    assert all(
+        lw.qkv.kernel_for(40) == "linear_fma" for lw in runner.layers
+    )  # random float weights: no blocks
 
     tokens = list(range(300, 340))
     batch = StepBatch(

@@ -218,7 +218,10 @@ def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_pa
     gomp = Path(loaded_libgomp_paths()[0])
     built = kernels.build.build(kernels.build.SOURCES, gomp, tmp_path)
     manifest = built.with_suffix(".json")
-    assert built.parent == tmp_path and sorted(tmp_path.iterdir()) == [manifest, built]  # no temporary left behind
+    assert built.parent == tmp_path and sorted(tmp_path.iterdir()) == [
+        manifest,
+        built,
+    ]  # no temporary left behind
     lib = ctypes.CDLL(str(built))
     for symbol in (
         "decode_attention_bf16",

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from inference.engine.kv_cache import KVCache
 from inference.engine.kernels import registry
+from inference.engine.kv_cache import KVCache
 from inference.engine.runner import ModelRunner, StepBatch
 
 
@@ -134,7 +134,9 @@ def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loade
     bf16 = build(torch.bfloat16)
     # (the gated form is the VNNI kernel's on CPUs with AVX512-BF16 and no AMX: test_linear_vnni_kernel.py)
     assert all(layer.gate_up.kernel_for(40) != "unfused" for layer in bf16.layers)
-    assert all(layer.gate_up.linear is None for layer in bf16.layers)  # no [2I]-wide copy besides the gated one
+    assert all(
+        layer.gate_up.linear is None for layer in bf16.layers
+    )  # no [2I]-wide copy besides the gated one
     # The bf16 runner through the gated form against the float32 model's logits.
     tokens = list(range(300, 340))
     batch = StepBatch(
