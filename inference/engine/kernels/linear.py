@@ -32,10 +32,6 @@ class LinearRows:
 
     #: Rows the kernel takes (``MAX_M`` in linear_rows.c).
     MAX_ROWS = 8
-    #: Rows up to which the engine uses it: measured here (2 cores, AVX512-BF16, the default model's
-    #: projections), batch-1 decode steps take 18 ms against oneDNN's 26, but at 2 rows oneDNN is as fast
-    #: or faster (Performance, round 5).
-    USE_UP_TO_ROWS = 1
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {torch.bfloat16: lib.linear_rows_bf16, torch.float32: lib.linear_rows_f32}
@@ -98,8 +94,6 @@ class LinearBlocks:
 
     #: Rows the binding takes (the kernel itself goes through any number, 8 at a time: ``MAX_M``).
     MAX_ROWS = 64
-    #: Rows up to which the engine uses it (measured: Performance, round 6).
-    USE_UP_TO_ROWS = 8
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {
@@ -161,10 +155,6 @@ class LinearAmx:
     Raises:
         ValueError: a dtype, shape or layout the kernel does not take (:meth:`supports`).
     """
-
-    #: Rows up to which the engine uses it in place of oneDNN's bf16 matmul (from 2: one row reads the blocks in
-    #: :class:`LinearBlocks`). Measured on a 2-vCPU Xeon with AMX (Performance, round 12).
-    USE_UP_TO_ROWS = 64
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fns = {"q4_1": lib.linear_amx_q4_1, "q8_0": lib.linear_amx_q8_0}
