@@ -213,6 +213,8 @@ INFERENCE_KV_CACHE_MEMORY_MB = env.float("INFERENCE_KV_CACHE_MEMORY_MB", default
 # The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
 # RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)
+# fast: the kernels measured fastest on this CPU kind; low: GGUF blocks wherever a weight has them (docs/engine-kernels.md).
+INFERENCE_KERNEL_MEMORY = env.str("INFERENCE_KERNEL_MEMORY", default="fast")
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
 # Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
