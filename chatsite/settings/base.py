@@ -89,9 +89,7 @@ DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # psycopg's pool (Django 5.1+): a connection closed after each call under ASGI goes back to it; 0 = off (docs/overhead.md)
-DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=16)
-if DB_POOL_MAX_SIZE < 0:
-    raise environ.ImproperlyConfigured("DB_POOL_MAX_SIZE must be >= 0 (0: no pool)")
+DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=16)  # a negative size: psycopg_pool refuses to start
 if DB_POOL_MAX_SIZE:  # max_idle: idle connections beyond min_size close (s); timeout: wait for one (s)
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": min(DB_POOL_MAX_SIZE, env.int("DB_POOL_MIN_SIZE", default=2)),
