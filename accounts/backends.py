@@ -2,7 +2,6 @@
 
 from axes.backends import AxesStandaloneBackend
 from django.conf import settings
-from django.contrib.auth.backends import BaseBackend
 from django.core.exceptions import PermissionDenied
 
 
@@ -13,10 +12,11 @@ def password_login_allowed(username: str | None) -> bool:
     return settings.PASSWORD_LOGIN_ENABLED or (username or "") in settings.PASSWORD_LOGIN_BREAK_GLASS_USERS
 
 
-class PasswordLoginGate(BaseBackend):
+class PasswordLoginGate:
     """First backend: with password log-in turned off, a password for anyone but a break-glass user stops
     authentication here (``PermissionDenied`` ends Django's backend loop; the form says the credentials are
-    wrong and axes counts a failure). Never authenticates anyone itself."""
+    wrong and axes counts a failure). Never authenticates anyone itself, and has no ``get_user``, so no
+    session is ever bound to it (Django's test client and allauth pick the first backend that has one)."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
         if password is not None and not password_login_allowed(username):

@@ -113,7 +113,7 @@ def subscription_sync(*, data: dict, now: datetime | None = None) -> Subscriptio
             ignore_conflicts=True,
         )
         sub = (
-            Subscription.objects.select_for_update()
+            Subscription.objects.select_for_update(of=("self",))
             .select_related("tier")
             .get(stripe_subscription_id=data["id"])
         )
