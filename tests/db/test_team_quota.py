@@ -36,7 +36,12 @@ def paying_team(owner, *members, seats: int = 1):
     for m in members:
         Membership.objects.create(organization=team, user=m)
     Subscription.objects.create(
-        organization=team, stripe_subscription_id="sub_acme", stripe_customer_id="cus_acme", status="active", tier=paid, seats=seats
+        organization=team,
+        stripe_subscription_id="sub_acme",
+        stripe_customer_id="cus_acme",
+        status="active",
+        tier=paid,
+        seats=seats,
     )
     from billing.subscriptions import organization_tier_apply
 
@@ -76,14 +81,23 @@ def test_twenty_members_at_once_near_the_pool_limit_never_pass_it(make_user, red
     assert len(refused) == 15 and {r.code for r in refused} == {"quota_exceeded"}
     pool = PoolDailyQuota.objects.get(organization=team)
     assert pool.used_tokens + pool.reserved_tokens <= LIMIT
-    assert pool.reserved_tokens == 5 * PER_REQUEST == QuotaReservation.objects.filter(pool=pool).count() * PER_REQUEST
+    assert (
+        pool.reserved_tokens
+        == 5 * PER_REQUEST
+        == QuotaReservation.objects.filter(pool=pool).count() * PER_REQUEST
+    )
     # Each admitted member's own row holds its share (usage per member); refused members hold nothing.
-    assert sorted(DailyQuota.objects.filter(reserved_tokens__gt=0).values_list("reserved_tokens", flat=True)) == [PER_REQUEST] * 5
+    assert (
+        sorted(DailyQuota.objects.filter(reserved_tokens__gt=0).values_list("reserved_tokens", flat=True))
+        == [PER_REQUEST] * 5
+    )
     assert sum(DailyQuota.objects.values_list("reserved_tokens", flat=True)) == 5 * PER_REQUEST
 
     for ticket in admitted:
         message = generations.generation_start(message_id=ticket.message.id)
-        generations.generation_finish(message=message, status="completed", text="ok", prompt_tokens=50, completion_tokens=100)
+        generations.generation_finish(
+            message=message, status="completed", text="ok", prompt_tokens=50, completion_tokens=100
+        )
     pool.refresh_from_db()
     assert (pool.used_tokens, pool.reserved_tokens) == (LIMIT - 1000 + 5 * 150, 0)
     assert not QuotaReservation.objects.exists()
@@ -138,11 +152,19 @@ def test_owners_see_usage_per_member_members_and_outsiders_do_not(client, make_u
     usage_record_create(user=member, message=None, model_name="m", prompt_tokens=30, completion_tokens=12)
     client.force_login(owner)
     page = client.get(reverse("billing:team"))
-    assert [(r["username"], r["total_tokens"]) for r in page.context["usage_month"]] == [("member", 42), ("owner", 0)]
+    assert [(r["username"], r["total_tokens"]) for r in page.context["usage_month"]] == [
+        ("member", 42),
+        ("owner", 0),
+    ]
     client.force_login(member)
     page = client.get(reverse("billing:team"))
     assert page.status_code == 200 and "usage_month" not in page.context
     assert client.post(reverse("billing:team_invite"), {"email": "x@example.com"}).status_code == 404
     client.force_login(outsider)
-    assert client.post(reverse("billing:team_member_update", args=[member.pk]), {"daily_token_cap": "5"}).status_code == 404
+    assert (
+        client.post(
+            reverse("billing:team_member_update", args=[member.pk]), {"daily_token_cap": "5"}
+        ).status_code
+        == 404
+    )
     assert Membership.objects.get(user=member).daily_token_cap is None
