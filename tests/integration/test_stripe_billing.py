@@ -15,42 +15,23 @@ from billing.subscriptions import subscriptions_apply_due
 from billing.teams import stripe_customer_ensure
 from conversations import load
 from organizations.services import organization_create
-from tests.fakes.stack import eventually, post_form, server_process, signed_in, stripe_event, stripe_signature
+from tests.fakes.stack import eventually, post_form, signed_in, stripe_event, stripe_signature
+from tests.fakes.stripe_stack import (
+    SECRET_KEY,
+    WEBHOOK_SECRET,
+    stripe_env,
+    stripe_fake_server,
+    webhook_register,
+)
 from tests.live_stack import daphne_server, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-SECRET_KEY = "sk_test_chatsite"
-WEBHOOK_SECRET = "whsec_test_chatsite"
-
 
 @pytest.fixture(scope="module")
 def stripe_fake(tmp_path_factory):
-    """The Stripe fake on a free port, with the plans of these tests (prices ``price_paid``, ``price_pro``
-    and the metered ``price_tokens``)."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("stripe") / "stripe.log"
-    with server_process(
-        ["-m", "tests.fakes.stripe_server", "--port", str(port)], port=port, log_path=log
-    ) as url:
-        client = stripe.StripeClient(SECRET_KEY, base_addresses={"api": url})
-        product = client.v1.products.create(params={"name": "chatsite"})
-        for price, amount, interval, usage in (
-            ("price_paid", 2000, "month", "licensed"),
-            ("price_paid_yearly", 20000, "year", "licensed"),
-            ("price_pro", 5000, "month", "licensed"),
-            ("price_tokens", 1, "month", "metered"),
-        ):
-            client.v1.plans.create(
-                params={
-                    "id": price,
-                    "product": product.id,
-                    "amount": amount,
-                    "currency": "usd",
-                    "interval": interval,
-                    "usage_type": usage,
-                }
-            )
+    """The Stripe fake, with prices ``price_paid``, ``price_paid_yearly``, ``price_pro``, ``price_tokens``."""
+    with stripe_fake_server(tmp_path_factory.mktemp("stripe")) as url:
         yield url
 
 
@@ -58,20 +39,9 @@ def stripe_fake(tmp_path_factory):
 def stack(stripe_fake, django_db_setup, tmp_path_factory):
     """chatsite's daphne with the Stripe provider, pointed at the fake, whose webhooks it receives."""
     port = free_port()
-    site = f"http://127.0.0.1:{port}"
-    env = {
-        "BILLING_PAYMENT_PROVIDER": "billing.stripe_provider.StripeProvider",
-        "STRIPE_SECRET_KEY": SECRET_KEY,
-        "STRIPE_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        "STRIPE_API_BASE": stripe_fake,
-        "SITE_URL": site + "/",
-    }
+    env = stripe_env(stripe_fake, f"http://127.0.0.1:{port}")
     with daphne_server(tmp_path_factory.mktemp("daphne") / "daphne.log", port=port, **env) as url:
-        hook = requests.post(
-            f"{stripe_fake}/_config/webhooks/chatsite",
-            data={"url": f"{url}/billing/stripe/webhook/", "secret": WEBHOOK_SECRET},
-        )
-        hook.raise_for_status()
+        webhook_register(stripe_fake, url)
         yield url
 
 
