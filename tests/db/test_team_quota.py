@@ -168,3 +168,48 @@ def test_owners_see_usage_per_member_members_and_outsiders_do_not(client, make_u
         == 404
     )
     assert Membership.objects.get(user=member).daily_token_cap is None
+
+
+@pytest.mark.django_db
+def test_billing_tick_applies_a_downgrade_whose_period_ended(make_user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from billing.management.commands.billing_tick import Command
+
+    owner = make_user("owner")
+    team = paying_team(owner)
+    sub = Subscription.objects.get(organization=team)
+    sub.downgrade_tier = Tier.objects.get(name="free")
+    sub.downgrade_at = timezone.now() + timedelta(hours=1)
+    sub.save()
+    assert Command().tick() == (0, 0)  # not due yet
+    owner.refresh_from_db()
+    assert owner.tier.name == "paid"
+    Subscription.objects.filter(pk=sub.pk).update(downgrade_at=timezone.now() - timedelta(seconds=1))
+    assert Command().tick() == (1, 0)
+    owner.refresh_from_db()
+    assert owner.tier.name == "free"
+    assert Subscription.objects.get(pk=sub.pk).downgrade_at is None
+
+
+@pytest.mark.django_db
+def test_staff_see_subscriptions_in_the_admin_and_cannot_edit_them(client, make_user):
+    owner = make_user("owner")
+    paying_team(owner)
+    client.force_login(make_user("root", is_staff=True, is_superuser=True))
+    listing = client.get("/admin/billing/subscription/")
+    assert (
+        listing.status_code == 200
+        and "sub_acme" in listing.content.decode()
+        and "acme" in listing.content.decode()
+    )
+    sub = Subscription.objects.get()
+    assert (
+        client.post(f"/admin/billing/subscription/{sub.pk}/change/", {"status": "canceled"}).status_code
+        == 403
+    )
+    assert Subscription.objects.get().status == "active"
+    client.force_login(owner)
+    assert client.get("/admin/billing/subscription/").status_code == 302  # not staff: to the admin log-in
