@@ -44,6 +44,8 @@ INSTALLED_APPS = [
     "inference",
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
+    "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "axes",  # log-in throttling (issue 7)
 ]
 
