@@ -11,7 +11,7 @@ from billing.models import DailyQuota, QuotaReservation, Tier
 from billing.quota import quota_day, quota_status
 from billing.subscription_models import PoolDailyQuota, Subscription
 from billing.teams import team_join, team_remove
-from conversations import generations
+from conversations import generation_worker, generations
 from conversations.admission import AdmissionRefused
 from organizations.models import Membership, Role
 from organizations.services import TeamError, invitation_create, membership_update, organization_create
@@ -94,8 +94,8 @@ def test_twenty_members_at_once_near_the_pool_limit_never_pass_it(make_user, red
     assert sum(DailyQuota.objects.values_list("reserved_tokens", flat=True)) == 5 * PER_REQUEST
 
     for ticket in admitted:
-        message = generations.generation_start(message_id=ticket.message.id)
-        generations.generation_finish(
+        message = generation_worker.generation_start(message_id=ticket.message.id)
+        generation_worker.generation_finish(
             message=message, status="completed", text="ok", prompt_tokens=50, completion_tokens=100
         )
     pool.refresh_from_db()

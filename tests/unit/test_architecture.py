@@ -18,6 +18,7 @@ PRODUCT_PACKAGES = (
     "conversations",
     "accounts",
     "billing",
+    "organizations",
     "inference",
     "events",
     "observability",
