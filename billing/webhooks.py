@@ -32,6 +32,7 @@ from billing import stripe_api
 from billing.models import UpgradeRequest
 from billing.subscription_models import Invoice, StripeCustomer, StripeEvent, Subscription
 from billing.subscriptions import (
+    UnknownCustomer,
     from_timestamp,
     organization_id_for,
     subscription_grace_end,
@@ -107,6 +108,9 @@ def on_checkout_completed(obj: dict, event: dict) -> None:
 
 
 def on_subscription_event(obj: dict, event: dict) -> None:
+    organization_id_for(
+        customer_id=obj["customer"], metadata=obj.get("metadata")
+    )  # ours? before calling Stripe
     _subscription_refresh(obj["id"])
 
 
@@ -141,21 +145,28 @@ HANDLERS = {
 
 def event_handle(*, event: dict) -> str:
     """Apply one verified event. Returns ``"handled"``, ``"duplicate"`` (this event id was handled before:
-    nothing done) or ``"ignored"`` (a type chatsite does not use). Raises whatever the handler raises
-    (a Stripe API error, ``UnknownCustomer``): nothing is stored then."""
+    nothing done), ``"ignored"`` (a type chatsite does not use) or ``"not_ours"`` (a customer chatsite did
+    not create, e.g. another product on the same Stripe account: nothing stored, not retried). Raises
+    whatever else the handler raises (a Stripe API error): nothing is stored then, Stripe retries."""
     handler = HANDLERS.get(event["type"])
     if handler is None:
         return "ignored"
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                StripeEvent.objects.create(
-                    event_id=event["id"],
-                    type=event["type"],
-                    created=from_timestamp(event.get("created")) or timezone.now(),
-                )
-        except IntegrityError:
-            return "duplicate"
-        handler(event["data"]["object"], event)
+    try:
+        with transaction.atomic():
+            try:
+                with transaction.atomic():
+                    StripeEvent.objects.create(
+                        event_id=event["id"],
+                        type=event["type"],
+                        created=from_timestamp(event.get("created")) or timezone.now(),
+                    )
+            except IntegrityError:
+                return "duplicate"
+            handler(event["data"]["object"], event)
+    except UnknownCustomer as exc:
+        logger.info(
+            "stripe event %s (%s) names customer %s, not one of ours", event["id"], event["type"], exc
+        )
+        return "not_ours"
     logger.info("stripe event %s (%s) handled", event["id"], event["type"])
     return "handled"

@@ -120,6 +120,12 @@ def test_checkout_then_webhooks_put_the_buyer_on_the_paid_tier_at_once(
         checkout.rsplit("/", 1)[1],
     )
     assert tier_of(alice) == "free"  # nothing changes before Stripe confirms
+    # Leaving that page unpaid and starting again gives a new checkout; the first request is cancelled.
+    again = post_form(web, "/billing/upgrade/", {"tier": plans["paid"].tier_id})
+    assert again.status_code == 302 and again.headers["Location"] != checkout
+    checkout = again.headers["Location"]
+    assert UpgradeRequest.objects.get(pk=request.pk).status == "cancelled"
+    request = UpgradeRequest.objects.get(user=alice, status="pending")
 
     paid = requests.post(checkout, data={"card": "4242424242424242"}, allow_redirects=False)
     assert paid.status_code == 303 and paid.headers["Location"] == f"{stack}/billing/usage/?checkout=success"
@@ -150,7 +156,9 @@ def test_checkout_then_webhooks_put_the_buyer_on_the_paid_tier_at_once(
     assert "Subscription of" in page and "active" in page and invoice.stripe_invoice_id in page
 
 
-def test_forged_or_missing_signature_gets_400_and_stores_nothing(stack, stripe_settings, make_user, plans):
+def test_forged_stale_or_missing_signature_gets_400_and_stores_nothing(
+    stack, stripe_settings, make_user, plans
+):
     body = stripe_event(
         "customer.subscription.deleted", {"id": "sub_forged", "customer": "cus_x", "status": "canceled"}
     )
