@@ -11,6 +11,7 @@ from billing.payments import payment_provider
 from billing.quota import quota_status
 from billing.selectors import start_of_day, tier_backoff, usage_by_model, usage_daily
 from billing.services import UpgradeError, upgrade_request_cancel, upgrade_request_create
+from billing.subscription_models import Plan
 from billing.team_selectors import team_invoices, team_subscription
 from organizations.selectors import membership_for_user
 
@@ -85,8 +86,6 @@ def upgrade(request):
             return redirect(checkout_url)
         messages.success(request, payment_provider().pending_message or "Your request was sent.")
         return redirect("billing:upgrade")
-    from billing.subscription_models import Plan
-
     context = {
         "provider": payment_provider().name,
         "online_tiers": set(Plan.objects.filter(active=True).values_list("tier_id", flat=True)),
