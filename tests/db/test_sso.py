@@ -113,3 +113,16 @@ def test_log_in_page_offers_sso_when_configured(settings, client, idp):
     sso_settings(settings, idp)
     page = client.get("/accounts/login/").content.decode()
     assert 'id="sso-login"' in page and "Sign in with Company SSO" in page
+
+
+@pytest.mark.django_db
+def test_an_e_mail_already_taken_asks_for_the_account_details_instead_of_linking(settings, idp, make_user):
+    User.objects.filter(pk=make_user("ivy-password").pk).update(email="ivy@corp.example")
+    sso_settings(settings, idp)
+    client = Client()
+    done = sso_login(client)
+    assert done.status_code == 302 and done["Location"] == "/sso/3rdparty/signup/"
+    page = client.get("/sso/3rdparty/signup/")
+    assert page.status_code == 200 and "ivy@corp.example" in page.content.decode()
+    assert not SocialAccount.objects.exists()
+    assert User.objects.filter(email="ivy@corp.example").count() == 1
