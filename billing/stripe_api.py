@@ -87,6 +87,21 @@ def subscription_change_price(*, subscription_id: str, item_id: str, price_id: s
     )
 
 
+def subscription_set_quantity(*, subscription_id: str, item_id: str, quantity: int) -> dict:
+    """Set the seats (quantity) of subscription item ``item_id``, prorated."""
+    return (
+        stripe_client()
+        .v1.subscriptions.update(
+            subscription_id,
+            params={
+                "items": [{"id": item_id, "quantity": quantity}],
+                "proration_behavior": "create_prorations",
+            },
+        )
+        .to_dict()
+    )
+
+
 def subscription_cancel_at_period_end(*, subscription_id: str) -> dict:
     """Cancel at the end of the paid period (Stripe then sends ``customer.subscription.deleted``)."""
     return (

@@ -7,15 +7,28 @@ removed) puts them back on the free tier. Everything else about teams (roles, ca
 
 from __future__ import annotations
 
+import logging
+
+import stripe
+from django.conf import settings
 from django.db import transaction
 
 from billing import stripe_api
 from billing.models import FREE_TIER_NAME, Tier
-from billing.subscription_models import StripeCustomer
-from billing.subscriptions import organization_tier, organization_tier_apply
+from billing.subscription_models import Plan, StripeCustomer, Subscription
+from billing.subscriptions import (
+    ACTIVE,
+    IN_GRACE,
+    organization_tier,
+    organization_tier_apply,
+    price_id_of,
+    subscription_sync,
+)
 from organizations import services as org_services
 from organizations.models import Membership, Organization
-from organizations.selectors import membership_for_user
+from organizations.selectors import member_user_ids, membership_for_user
+
+logger = logging.getLogger(__name__)
 
 
 def team_join(*, token: str, user) -> Membership:
@@ -24,6 +37,7 @@ def team_join(*, token: str, user) -> Membership:
     with transaction.atomic():
         membership = org_services.invitation_accept(token=token, user=user)
         organization_tier_apply(organization_id=membership.organization_id)
+    seats_follow_members(organization_id=membership.organization_id)
     return membership
 
 
@@ -36,6 +50,36 @@ def team_remove(*, organization: Organization, user, removed_by) -> None:
         if had_plan:
             user.tier = Tier.objects.get(name=FREE_TIER_NAME)
             user.save(update_fields=["tier"])
+    seats_follow_members(organization_id=organization.pk)
+
+
+def seats_follow_members(*, organization_id: int) -> bool:
+    """Set the seats of the team's paying subscription to its member count (prorated by Stripe), so the
+    pool (``tokens_per_day * seats``) grows and shrinks with the team. Returns True when Stripe was asked
+    to change. A Stripe error is logged, not raised: the membership change stands, and the portal or the
+    next change fixes the count."""
+    if not settings.STRIPE_SECRET_KEY:
+        return False  # Stripe not configured: seats are whatever the subscription says
+    sub = Subscription.objects.filter(organization_id=organization_id, status__in=ACTIVE | IN_GRACE).first()
+    members = len(member_user_ids(organization_id=organization_id))
+    if sub is None or members < 1 or sub.seats == members:
+        return False
+    try:
+        data = stripe_api.subscription_retrieve(sub.stripe_subscription_id)
+        prices = set(Plan.objects.values_list("stripe_price_id", flat=True))
+        item = next((i for i in data["items"]["data"] if price_id_of(i) in prices), None)
+        if item is None:
+            return False
+        data = stripe_api.subscription_set_quantity(
+            subscription_id=sub.stripe_subscription_id, item_id=item["id"], quantity=members
+        )
+    except stripe.StripeError:
+        logger.warning(
+            "could not set the seats of %s to %d", sub.stripe_subscription_id, members, exc_info=True
+        )
+        return False
+    subscription_sync(data=data)
+    return True
 
 
 def team_for_checkout(*, user) -> Organization:

@@ -311,3 +311,28 @@ def test_tokens_above_the_included_amount_are_reported_once_as_meter_events(
     PoolDailyQuota.objects.filter(organization=team).update(used_tokens=1700)
     assert overage_report_all() == 200
     assert reported() == [500, 200]
+
+
+def test_seats_and_the_pool_follow_the_team_members(stack, stripe_settings, make_user, plans):
+    from billing.teams import team_join, team_remove
+    from organizations.services import invitation_create
+
+    owner, joiner = make_user("owner"), make_user("joiner")
+    team, customer = paying_team(stripe_settings, owner)
+    sub = stripe_settings.v1.subscriptions.create(
+        params={"customer": customer, "items": [{"price": "price_paid"}]}
+    )
+    eventually(lambda: tier_of(owner) == "paid")
+    per_seat = plans["paid"].tier.tokens_per_day
+    assert quota_status(user=owner).limit == per_seat
+
+    team_join(
+        token=invitation_create(organization=team, email=joiner.email, invited_by=owner).token, user=joiner
+    )
+    assert stripe_settings.v1.subscriptions.retrieve(sub.id)["items"]["data"][0]["quantity"] == 2
+    assert Subscription.objects.get(stripe_subscription_id=sub.id).seats == 2
+    assert (tier_of(joiner), quota_status(user=joiner).limit) == ("paid", 2 * per_seat)
+
+    team_remove(organization=team, user=joiner, removed_by=owner)
+    assert stripe_settings.v1.subscriptions.retrieve(sub.id)["items"]["data"][0]["quantity"] == 1
+    assert (tier_of(joiner), quota_status(user=owner).limit) == ("free", per_seat)
