@@ -154,6 +154,8 @@ def test_checkout_then_webhooks_put_the_buyer_on_the_paid_tier_at_once(
     assert quota_status(user=alice).limit == plans["paid"].tier.tokens_per_day
     page = web.get(f"{stack}/billing/usage/").text
     assert "Subscription of" in page and "active" in page and invoice.stripe_invoice_id in page
+    period = f"{sub.current_period_start:%Y-%m-%d} – {sub.current_period_end:%Y-%m-%d}"
+    assert period in page and sub.current_period_end > sub.current_period_start
 
 
 def test_forged_stale_or_missing_signature_gets_400_and_stores_nothing(
