@@ -1,8 +1,8 @@
 """Team changes that move people between tiers: billing's side of ``organizations/services.py``.
 
 Joining a team that has a subscription puts the new member on the team's tier; leaving it (or being
-removed) puts them back on the free tier. Everything else about teams (roles, caps, invitations) is in the
-``organizations`` app.
+removed) puts them back on the free tier; either way the subscription's seats follow the member count.
+Everything else about teams (roles, caps, invitations) is in the ``organizations`` app.
 """
 
 from __future__ import annotations
