@@ -35,9 +35,9 @@ def server_process(args: list[str], *, port: int, log_path: Path, env: dict | No
     )
     try:
         try:
-            wait_port(port, proc)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{args} exited:\n{log_path.read_text()[-3000:]}") from exc
+            wait_port(port, proc, timeout=120)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{args} did not start ({exc}):\n{log_path.read_text()[-3000:]}") from exc
         yield f"http://127.0.0.1:{port}"
     finally:
         if proc.poll() is None:
