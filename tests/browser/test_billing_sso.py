@@ -13,7 +13,7 @@ from billing.models import Tier
 from billing.subscription_models import Plan
 from tests.fakes.idp import CLIENT_ID, CLIENT_SECRET, PASSWORD, PERSON, identity_provider
 from tests.fakes.stack import eventually
-from tests.fakes.stripe_stack import stripe_env, stripe_fake_server, webhook_register
+from tests.fakes.stripe_stack import stripe_env, stripe_fake_server, webhook_register, webhooks_quiet
 from tests.live_stack import daphne_server, free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -38,12 +38,14 @@ def site(django_db_setup, tmp_path_factory):
             "SSO_GROUP_TIERS": "engineering=paid",
         }
         with daphne_server(work / "daphne.log", port=port, **env) as served:
-            webhook_register(fake, served)
             yield {"url": served, "stripe": fake}
 
 
 @pytest.fixture
 def page_at(chromium, site, redis_clean):
+    """``page_at(user=None)``: a page in a new context (signed in as ``user``); the fake's webhooks go to the
+    site meanwhile and are quiet before the database flush."""
+    webhook_register(site["stripe"], site["url"])
     contexts = []
 
     def make(user=None):
@@ -58,6 +60,7 @@ def page_at(chromium, site, redis_clean):
     yield make
     for context in contexts:
         context.close()
+    webhooks_quiet(site["stripe"])
 
 
 def test_upgrade_through_stripe_checkout(page_at, site, make_user):

@@ -4,6 +4,7 @@ chatsite environment that points a daphne at it."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import requests
@@ -62,3 +63,12 @@ def webhook_register(fake_url: str, site_url: str) -> None:
         f"{fake_url}/_config/webhooks/chatsite",
         data={"url": f"{site_url}/billing/stripe/webhook/", "secret": WEBHOOK_SECRET},
     ).raise_for_status()
+
+
+def webhooks_quiet(fake_url: str, *, settle_s: float = 1.5) -> None:
+    """Send the fake's later events nowhere and give deliveries already under way ``settle_s`` seconds to
+    finish: a test's database flush must not meet a webhook still writing (they would deadlock)."""
+    requests.post(
+        f"{fake_url}/_config/webhooks/chatsite", data={"url": "http://127.0.0.1:9/", "secret": WEBHOOK_SECRET}
+    ).raise_for_status()
+    time.sleep(settle_s)

@@ -22,6 +22,7 @@ from tests.fakes.stripe_stack import (
     stripe_env,
     stripe_fake_server,
     webhook_register,
+    webhooks_quiet,
 )
 from tests.live_stack import daphne_server, free_port
 
@@ -41,8 +42,15 @@ def stack(stripe_fake, django_db_setup, tmp_path_factory):
     port = free_port()
     env = stripe_env(stripe_fake, f"http://127.0.0.1:{port}")
     with daphne_server(tmp_path_factory.mktemp("daphne") / "daphne.log", port=port, **env) as url:
-        webhook_register(stripe_fake, url)
         yield url
+
+
+@pytest.fixture(autouse=True)
+def webhooks(stack, stripe_fake):
+    """The fake's webhooks go to the stack during each test, and are quiet before its database flush."""
+    webhook_register(stripe_fake, stack)
+    yield
+    webhooks_quiet(stripe_fake)
 
 
 @pytest.fixture
