@@ -35,12 +35,7 @@ INSTALLED_APPS = [
     "channels",
     "accounts",
     "billing",
-    "organizations",  # teams: members, roles, invitations (issue 32)
-    # Single sign-on over OpenID Connect (issue 32): allauth's social accounts, OIDC provider only.
-    "allauth",
-    "allauth.account",
-    "allauth.socialaccount",
-    "allauth.socialaccount.providers.openid_connect",
+    # + organizations (teams) and allauth's OpenID Connect apps: BILLING_SSO_APPS, chatsite/settings/billing_sso.py
     "conversations",
     "inference",
     "memory",  # recall across conversations and the vector store (issue 27)
@@ -228,23 +223,7 @@ ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
-# Payment provider for upgrade requests (billing/payments.py): manual admin approval (default) or Stripe
-# (billing.stripe_provider.StripeProvider; docs/billing-and-sso.md).
-BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
-STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY", default="")
-STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET", default="")
-# Where the Stripe client sends API calls; blank = Stripe's own address (set to a local fake in tests).
-STRIPE_API_BASE = env("STRIPE_API_BASE", default="")
-# A webhook whose signature timestamp is older than this is refused (seconds; Stripe's default 300).
-STRIPE_WEBHOOK_TOLERANCE_S = env.int("STRIPE_WEBHOOK_TOLERANCE_S", default=300)
-# After a failed payment a team keeps its plan this long (days), then drops to the free tier.
-BILLING_GRACE_PERIOD_DAYS = env.float("BILLING_GRACE_PERIOD_DAYS", default=7.0)
-if BILLING_PAYMENT_PROVIDER.endswith("StripeProvider") and not (STRIPE_SECRET_KEY and STRIPE_WEBHOOK_SECRET):
-    raise environ.ImproperlyConfigured(
-        "BILLING_PAYMENT_PROVIDER is Stripe: set STRIPE_SECRET_KEY and STRIPE_WEBHOOK_SECRET"
-    )
-if BILLING_GRACE_PERIOD_DAYS < 0:
-    raise environ.ImproperlyConfigured("BILLING_GRACE_PERIOD_DAYS must be >= 0")
+# Payments (manual or Stripe) and single sign-on: chatsite/settings/billing_sso.py, imported at the end.
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
@@ -331,66 +310,6 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
 
-# --- Single sign-on over OpenID Connect (issue 32; docs/billing-and-sso.md) ---
-# The identity provider's issuer URL (discovery at <issuer>/.well-known/openid-configuration); blank = no SSO.
-SSO_OIDC_ISSUER = env("SSO_OIDC_ISSUER", default="")
-SSO_OIDC_CLIENT_ID = env("SSO_OIDC_CLIENT_ID", default="")
-SSO_OIDC_CLIENT_SECRET = env("SSO_OIDC_CLIENT_SECRET", default="")
-# The button's label on the log-in page.
-SSO_OIDC_NAME = env("SSO_OIDC_NAME", default="Company SSO")
-SSO_OIDC_SCOPES = env.list("SSO_OIDC_SCOPES", default=["openid", "profile", "email"])
-# The claim that lists a person's groups, and optional mappings: group -> tier name, groups that make staff.
-SSO_GROUPS_CLAIM = env("SSO_GROUPS_CLAIM", default="groups")
-SSO_GROUP_TIERS = env.dict("SSO_GROUP_TIERS", default={})
-SSO_STAFF_GROUPS = env.list("SSO_STAFF_GROUPS", default=[])
-# Link an SSO log-in to an existing account with the same (provider-verified) e-mail.
-SSO_LINK_BY_EMAIL = env.bool("SSO_LINK_BY_EMAIL", default=False)
-# Password log-in (and sign-up); false leaves it only to the break-glass usernames listed.
-PASSWORD_LOGIN_ENABLED = env.bool("PASSWORD_LOGIN_ENABLED", default=True)
-PASSWORD_LOGIN_BREAK_GLASS_USERS = env.list("PASSWORD_LOGIN_BREAK_GLASS_USERS", default=[])
-if SSO_OIDC_ISSUER and not (SSO_OIDC_CLIENT_ID and SSO_OIDC_CLIENT_SECRET):
-    raise environ.ImproperlyConfigured(
-        "SSO_OIDC_ISSUER is set: set SSO_OIDC_CLIENT_ID and SSO_OIDC_CLIENT_SECRET"
-    )
-if not PASSWORD_LOGIN_ENABLED and not (SSO_OIDC_ISSUER or PASSWORD_LOGIN_BREAK_GLASS_USERS):
-    raise environ.ImproperlyConfigured(
-        "PASSWORD_LOGIN_ENABLED=false needs SSO_OIDC_ISSUER or PASSWORD_LOGIN_BREAK_GLASS_USERS: nobody could log in"
-    )
-# Gate first: with password log-in off it refuses every password but the break-glass ones (accounts/backends.py).
-AUTHENTICATION_BACKENDS = ["accounts.backends.PasswordLoginGate", *AUTHENTICATION_BACKENDS]
-#: The provider id in allauth's URLs: /sso/oidc/<SSO_PROVIDER_ID>/login/ and .../login/callback/.
-SSO_PROVIDER_ID = "sso"
-SOCIALACCOUNT_PROVIDERS = {
-    "openid_connect": {
-        "OAUTH_PKCE_ENABLED": True,
-        "APPS": (
-            [
-                {
-                    "provider_id": SSO_PROVIDER_ID,
-                    "name": SSO_OIDC_NAME,
-                    "client_id": SSO_OIDC_CLIENT_ID,
-                    "secret": SSO_OIDC_CLIENT_SECRET,
-                    "settings": {
-                        "server_url": SSO_OIDC_ISSUER,
-                        "oauth_pkce_enabled": True,
-                        "scope": SSO_OIDC_SCOPES,
-                    },
-                }
-            ]
-            if SSO_OIDC_ISSUER
-            else []
-        ),
-    }
-}
-SOCIALACCOUNT_ADAPTER = "accounts.sso.SsoAccountAdapter"
-ACCOUNT_ADAPTER = "accounts.sso.AccountAdapter"
-SOCIALACCOUNT_AUTO_SIGNUP = True  # just-in-time accounts
-SOCIALACCOUNT_EMAIL_VERIFICATION = "none"  # the identity provider vouches for its people
-SOCIALACCOUNT_EMAIL_AUTHENTICATION = SSO_LINK_BY_EMAIL
-SOCIALACCOUNT_EMAIL_AUTHENTICATION_AUTO_CONNECT = SSO_LINK_BY_EMAIL
-SOCIALACCOUNT_LOGIN_ON_GET = False  # starting a log-in is a POST with a CSRF token
-SOCIALACCOUNT_STORE_TOKENS = False
-ACCOUNT_EMAIL_VERIFICATION = "none"
 
 # --- Memory across conversations (issue 27, docs/memory.md) ---
 # Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
@@ -472,3 +391,10 @@ else:
 DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
 # Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
 DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)
+# --- Payments through Stripe and single sign-on over OpenID Connect (issue 32) ---
+from .billing_sso import *  # noqa: E402,F401,F403
+
+INSTALLED_APPS += BILLING_SSO_APPS  # noqa: F405
+
+# Gate first: with password log-in off it refuses every password but the break-glass ones (accounts/backends.py).
+AUTHENTICATION_BACKENDS = ["accounts.backends.PasswordLoginGate", *AUTHENTICATION_BACKENDS]

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0003_tiers_under_load'),
+        ('billing', '0004_tier_memory_budget_tokens'),
         ('organizations', '0001_initial'),
     ]
 
