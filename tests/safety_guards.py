@@ -1,0 +1,41 @@
+"""Guards used only by the tests, listed in ``SAFETY_GUARDS`` by their dotted paths like any other."""
+
+import os
+import time
+
+from safety.guards.base import Guard, GuardResult
+
+
+class CrashingGuard(Guard):
+    """Raises on every text (a guard with a bug)."""
+
+    name = "crashing"
+
+    def check(self, text, context):
+        raise RuntimeError("guard bug")
+
+
+class SlowGuard(Guard):
+    """Sleeps ``SAFETY_TEST_SLOW_S`` seconds (default 5) off the caller's thread, then passes the text."""
+
+    name = "slow"
+    inline = False
+
+    def check(self, text, context):
+        time.sleep(float(os.environ.get("SAFETY_TEST_SLOW_S", "5")))
+        return GuardResult(guard=self.name, version="1", scores={"slow": 0.0})
+
+
+class PhraseGuard(Guard):
+    """Flags category ``test_phrase`` when the text contains ``SAFETY_TEST_PHRASE`` (case-insensitive): a
+    way to make a reply of the real model "turn bad" at a known point of a greedy generation."""
+
+    name = "phrase"
+    stages = ("input", "output")
+
+    def __init__(self):
+        self.phrase = os.environ.get("SAFETY_TEST_PHRASE", "").lower()
+
+    def check(self, text, context):
+        hit = bool(self.phrase) and self.phrase in text.lower()
+        return GuardResult(guard=self.name, version="1", scores={"test_phrase": 1.0 if hit else 0.0})
