@@ -1,6 +1,7 @@
 """Guards used only by the tests, listed in ``SAFETY_GUARDS`` by their dotted paths like any other."""
 
 import os
+import threading
 import time
 
 from safety.guards.base import Guard, GuardResult
@@ -20,9 +21,12 @@ class SlowGuard(Guard):
 
     name = "slow"
     inline = False
+    #: Set when a check has slept its full time.
+    finished = threading.Event()
 
     def check(self, text, context):
         time.sleep(float(os.environ.get("SAFETY_TEST_SLOW_S", "5")))
+        type(self).finished.set()
         return GuardResult(guard=self.name, version="1", scores={"slow": 0.0})
 
 
