@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections import Counter
 from importlib.metadata import version as package_version
 
 from safety.guards.base import Guard, GuardContext, GuardResult
@@ -45,16 +46,15 @@ class ProfanityModel:
         self.k = len(calibrated)
 
     def score(self, text: str) -> float:
-        counts: dict[str, int] = {}
         table = self.table
-        for token in self.token.findall(text.lower()):
-            if token in table:
-                counts[token] = counts.get(token, 0) + 1
         k = self.k
         dots = [0.0] * k
         norm2 = 0.0
-        for term, count in counts.items():
-            row = table[term]
+        # Counter counts in C; only the distinct words go through the Python loop below.
+        for term, count in Counter(self.token.findall(text.lower())).items():
+            row = table.get(term)
+            if row is None:
+                continue
             x = count * row[0]
             norm2 += x * x
             for i in range(k):

@@ -31,20 +31,43 @@ from django.conf import settings
 
 from safety.guards.base import Guard, GuardContext, GuardResult
 
-INVISIBLE = re.compile(
-    "[\u200b\u202a-\u202e\u2060-\u2064\u2066-\u2069\U000e0000-\U000e007f]" + r"|(?<=[\s\S])\ufeff"
+# One character class (no alternation: a plain class scans ~5x faster); an inner BOM is found with str.find.
+INVISIBLE = re.compile("[\u200b\u202a-\u202e\u2060-\u2064\u2066-\u2069\U000e0000-\U000e007f]")
+BOM = "\ufeff"
+
+#: (literal prefixes, pattern) per kind of secret, after gitleaks' default rules. Each pattern starts with a
+#: literal so Python's regex engine scans for it at C speed, and runs only when one of its prefixes is in the
+#: text at all; a match must start at a word boundary (checked by :func:`_secret_at_boundary`).
+SECRET_RULES = (
+    (("sk-",), re.compile(r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}")),
+    (
+        ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+        re.compile(r"A(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA|IPA)[0-9A-Z]{16}\b"),
+    ),
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"gh[pousr]_[A-Za-z0-9]{36,}\b")),
+    (("github_pat_",), re.compile(r"github_pat_[A-Za-z0-9_]{22,}\b")),
+    (("xox",), re.compile(r"xox[baprs]-[A-Za-z0-9-]{10,}")),
+    (("-----BEGIN ",), re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
 )
 
-SECRETS = re.compile(
-    r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"
-    r"|\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"
-    r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b"
-    r"|\bgithub_pat_[A-Za-z0-9_]{22,}\b"
-    r"|\bxox[baprs]-[A-Za-z0-9-]{10,}"
-    r"|-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
-)
+
+def has_secret(text: str) -> bool:
+    """Whether ``text`` holds an API key or private key (``SECRET_RULES``)."""
+    for prefixes, pattern in SECRET_RULES:
+        if any(prefix in text for prefix in prefixes):
+            for match in pattern.finditer(text):
+                start = match.start()
+                if start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_"):
+                    return True
+    return False
+
 
 DEFAULT_PHRASES_FILE = Path(__file__).resolve().parent.parent / "data" / "injection_phrases.txt"
+
+
+def normalise(text: str) -> str:
+    """Lower case, every run of whitespace one space: how phrases are compared."""
+    return " ".join(text.lower().split())
 
 
 def phrases_pattern(phrases: list[str]) -> re.Pattern | None:
@@ -81,12 +104,15 @@ class _PhraseList:
         self._mtime = None
         self._checked = 0.0
         self.pattern: re.Pattern | None = None
+        self.normalised: tuple[str, ...] = ()
         self._reload()
 
     def _reload(self) -> None:
         mtime = os.stat(self.path).st_mtime_ns
         if mtime != self._mtime:
-            self.pattern = phrases_pattern(read_phrases(self.path))
+            phrases = read_phrases(self.path)
+            self.pattern = phrases_pattern(phrases)
+            self.normalised = tuple({normalise(p) for p in phrases if p.strip()})
             self._mtime = mtime
 
     def current(self) -> re.Pattern | None:
@@ -96,6 +122,18 @@ class _PhraseList:
                 self._checked = now
                 self._reload()
         return self.pattern
+
+    def search(self, text: str) -> bool:
+        """Whether ``text`` holds a phrase as whole words. A substring test of each normalised phrase in the
+        normalised text first (C-speed; 30 phrases over 8,000 characters ~0.1 ms, against ~0.7 ms for the
+        word-bounded alternation), the regex only to confirm a candidate."""
+        pattern = self.current()
+        if pattern is None:
+            return False
+        flat = normalise(text)
+        if not any(phrase in flat for phrase in self.normalised):
+            return False
+        return pattern.search(text) is not None
 
 
 class RulesGuard(Guard):
@@ -113,13 +151,12 @@ class RulesGuard(Guard):
 
     def check(self, text: str, context: GuardContext) -> GuardResult:
         scores: dict[str, float] = {}
-        if INVISIBLE.search(text):
+        if INVISIBLE.search(text) or text.find(BOM, 1) != -1:  # a leading BOM is only an encoding mark
             scores["invisible_unicode"] = 1.0
-        if SECRETS.search(text):
+        if has_secret(text):
             scores["secret"] = 1.0
         if context.stage == "input":
-            pattern = self.phrases.current()
-            if pattern is not None and pattern.search(text):
+            if self.phrases.search(text):
                 scores["prompt_injection"] = 1.0
             if self._repetitive(text):
                 scores["repetition"] = 1.0

@@ -34,6 +34,7 @@ RULES_TABLE = [
     ("my key is sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345", INPUT, {"secret"}),
     ("OPENAI_API_KEY=sk-abcdefghijklmnopqrstuvwxyz123456", OUTPUT, {"secret"}),
     ("sk-short", INPUT, set()),
+    ("a risk-management-and-compliance-framework plan", INPUT, set()),  # "sk-" inside a word
     ("aws_access_key_id = AKIAIOSFODNN7EXAMPLE", INPUT, {"secret"}),
     ("temporary ASIAY34FZKBOKMUTVV7A creds", OUTPUT, {"secret"}),
     ("AKIA is a prefix", INPUT, set()),
