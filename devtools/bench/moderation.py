@@ -11,7 +11,8 @@
   tokens (greedy, ``ignore_eos``), one consumer thread per reply as in the worker; output moderation off
   (the consumer only collects deltas) and on (each consumer runs ``safety.streaming.OutputMonitor`` at
   sentence ends and once at the end), alternating in one process. Output tok/s = completion tokens / wall
-  time from the first submit to the last finish.
+  time from the first submit to the last finish; also the checks' own CPU time (thread time summed over the
+  consumers) as a share of the round's wall time, the cost that no scheduling noise hides.
 
 Every section runs ``--rounds`` rounds (default 3) and prints median [min-max]. Nothing here is imported by
 the product.
@@ -129,6 +130,7 @@ def _decode_round(
 
     tokens = [0] * len(prompts)
     checks = [0] * len(prompts)
+    check_cpu = [0.0] * len(prompts)
     handles = []
 
     def consume(i: int, handle) -> None:
@@ -137,12 +139,17 @@ def _decode_round(
         for event in handle.events():
             if isinstance(event, TokenEvent):
                 parts.append(event.text)
-                if monitor is not None and monitor.feed(event.text, len(event.token_ids)) is not None:
-                    handle.cancel()
+                if monitor is not None:
+                    cpu = time.thread_time()
+                    if monitor.feed(event.text, len(event.token_ids)) is not None:
+                        handle.cancel()
+                    check_cpu[i] += time.thread_time() - cpu
             else:
                 tokens[i] = event.usage.completion_tokens
                 if monitor is not None:
+                    cpu = time.thread_time()
                     monitor.finish("".join(parts))
+                    check_cpu[i] += time.thread_time() - cpu
                     checks[i] = monitor.checks + 1
 
     started = time.perf_counter()
@@ -157,7 +164,7 @@ def _decode_round(
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
-    return sum(tokens) / elapsed, sum(checks)
+    return sum(tokens) / elapsed, sum(checks), sum(check_cpu) / elapsed
 
 
 def bench_decode(rounds: int, n: int, max_new_tokens: int) -> dict:
@@ -172,20 +179,30 @@ def bench_decode(rounds: int, n: int, max_new_tokens: int) -> dict:
         clean = [row["text"] for row in labelled() if not row["flagged"]]
         prompts = [engine.render_chat([{"role": "user", "content": clean[i % len(clean)]}]) for i in range(n)]
         _decode_round(engine, prompts[:4], moderate=False, max_new_tokens=16)  # warm-up (kernels, caches)
-        off, on, checks = [], [], []
+        off, on, checks, cpu_share = [], [], [], []
         for _ in range(rounds):
             off.append(_decode_round(engine, prompts, moderate=False, max_new_tokens=max_new_tokens)[0])
-            tps, n_checks = _decode_round(engine, prompts, moderate=True, max_new_tokens=max_new_tokens)
+            tps, n_checks, share = _decode_round(
+                engine, prompts, moderate=True, max_new_tokens=max_new_tokens
+            )
             on.append(tps)
             checks.append(n_checks)
+            cpu_share.append(100 * share)
     finally:
         engine.shutdown()
     losses = [100 * (a - b) / a for a, b in zip(off, on, strict=True)]
     print(
         f"decode N={n}, {max_new_tokens} tokens each: moderation off {_fmt(off, 1)} tok/s, "
-        f"on {_fmt(on, 1)} tok/s, lost {_fmt(losses, 2)} % ({statistics.median(checks):.0f} checks/round)"
+        f"on {_fmt(on, 1)} tok/s, lost {_fmt(losses, 2)} % ({statistics.median(checks):.0f} checks/round; "
+        f"their CPU time {_fmt(cpu_share, 2)} % of the round's wall time)"
     )
-    return {"off_tok_s": off, "on_tok_s": on, "lost_pct": losses, "checks": checks}
+    return {
+        "off_tok_s": off,
+        "on_tok_s": on,
+        "lost_pct": losses,
+        "checks": checks,
+        "check_cpu_pct": cpu_share,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
