@@ -84,9 +84,9 @@ class ModerationVerdictAdmin(admin.ModelAdmin):
             obj.message.status,
         )
 
-    @admin.display(description="text (staff only; hidden from the user when blocked)")
+    @admin.display(description="text judged (staff only; a blocked reply's text is shown nowhere else)")
     def message_text(self, obj):
-        return obj.message.content if obj.message_id else "-"
+        return obj.text or (obj.message.content if obj.message_id else "-")
 
     def has_add_permission(self, request):
         return False

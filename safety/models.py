@@ -80,6 +80,9 @@ class ModerationVerdict(models.Model):
     categories = models.JSONField(default=list, blank=True)
     results = models.JSONField(default=list, blank=True)
     failures = models.PositiveSmallIntegerField(default=0)
+    # The text judged, kept for staff only when it was flagged or blocked (a blocked reply's text is not
+    # stored in its message, so the user, the history API, search and exports never show it). "" otherwise.
+    text = models.TextField(blank=True, default="")
     # Staff review (the admin's queue).
     false_positive = models.BooleanField(default=False)
     reviewed_at = models.DateTimeField(null=True, blank=True)

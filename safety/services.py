@@ -9,11 +9,15 @@ from safety.models import ModerationVerdict
 from safety.strikes import strike_apply
 
 
-def verdict_record(*, verdict: Verdict, user, message_id: int | None = None) -> ModerationVerdict:
+def verdict_record(
+    *, verdict: Verdict, user, message_id: int | None = None, text: str = ""
+) -> ModerationVerdict:
     """Store ``verdict`` for ``user``'s message ``message_id`` (None when there is no stored message) and,
-    after a block, apply the strike policy (:func:`safety.strikes.strike_apply`). Call it inside the
-    transaction that stores the message, so a verdict never outlives a rolled-back message."""
+    after a block, apply the strike policy (:func:`safety.strikes.strike_apply`). ``text`` (the text
+    judged) is kept only for a flagged or blocked verdict, for staff review. Call it inside the transaction
+    that stores the message, so a verdict never outlives a rolled-back message."""
     row = ModerationVerdict.objects.create(
+        text=text.replace("\x00", "\ufffd") if verdict.flagged else "",
         user=user,
         message_id=message_id,
         tier=verdict.tier,

@@ -85,7 +85,12 @@ def test_verdict_record_stores_the_guard_categories_and_scores(alice):
 def _block(user, n=1):
     for _ in range(n):
         verdict = chain_run(text="AKIAIOSFODNN7EXAMPLE", stage="input", tier=user.tier)
-        row = verdict_record(verdict=verdict, user=user, message_id=_message(user).id)
+        row = verdict_record(
+            verdict=verdict,
+            user=user,
+            message_id=_message(user).id,
+            text="the blocked text AKIAIOSFODNN7EXAMPLE",
+        )
     return row
 
 
@@ -126,8 +131,8 @@ def test_strikes_move_a_user_to_a_stricter_tier(alice, settings):
 
 def test_review_queue_shows_blocked_text_to_staff_and_marks_false_positives(staff_client, alice):
     row = _block(alice)
-    Message.objects.filter(pk=row.message_id).update(content="the blocked text AKIAIOSFODNN7EXAMPLE")
-    allowed = verdict_record(verdict=chain_run(text="hello", stage="input"), user=alice)
+    allowed = verdict_record(verdict=chain_run(text="hello", stage="input"), user=alice, text="hello")
+    assert allowed.text == ""  # allowed texts are not copied
     changelist = staff_client.get(reverse("admin:safety_moderationverdict_changelist"))
     assert changelist.status_code == 200
     queue = list(changelist.context["cl"].queryset)
