@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 from django_ratelimit.core import get_usage
 
 from api.auth import user_for_request
-from api.dbconn import closes_connections
+from database.connections import closes_connections
 from api.errors import ApiError, invalid
 from safety.chain import chain_run
 

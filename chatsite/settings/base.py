@@ -38,6 +38,8 @@ INSTALLED_APPS = [
     "inference",
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
+    "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "safety",  # input and output moderation, /v1/moderations, the review queue (issue 26)
     "axes",  # log-in throttling (issue 7)
 ]
