@@ -21,8 +21,8 @@ from django.views.decorators.http import require_POST
 from django_ratelimit.core import get_usage
 
 from api.auth import user_for_request
-from database.connections import closes_connections
 from api.errors import ApiError, invalid
+from database.connections import closes_connections
 from safety.chain import chain_run
 
 MODEL = "chatsite-moderation-1"

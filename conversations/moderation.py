@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from conversations.models import Conversation, Message
-from conversations.services import message_create
+from conversations.services import APPEND, message_create
+from events import broadcast
 from safety.chain import Verdict, chain_run
 from safety.services import verdict_record
 
@@ -35,6 +36,15 @@ class ContentBlocked(Exception):
     def __str__(self) -> str:
         return INPUT_BLOCKED_MESSAGE.format(categories=", ".join(self.categories) or "policy")
 
+    def frame(self) -> dict:
+        """The WebSocket ``error`` frame (``docs/websocket-protocol.md``)."""
+        return broadcast.frame_error(
+            code=self.code,
+            message=str(self),
+            message_id=self.message_id,
+            conversation_id=self.conversation_id,
+        )
+
 
 def input_check(*, user, text: str) -> Verdict:
     """The input chain on ``text`` under ``user``'s tier policy (``safety.chain.chain_run``): run before
@@ -49,24 +59,44 @@ def input_record(*, verdict: Verdict, user, message: Message | None, text: str) 
 
 
 def blocked_input_store(
-    *, verdict: Verdict, user, conversation: Conversation, content: str, client_id=None, parent=None
+    *, verdict: Verdict, user, conversation: Conversation, content: str, client_id=None, parent=APPEND
 ) -> ContentBlocked:
     """Store ``content`` as a ``blocked`` user message in ``conversation`` (the caller's transaction), record
     the verdict (and the strike policy), and return the :class:`ContentBlocked` to raise. ``parent`` as for
-    ``message_create`` (None: after the active leaf)."""
-    kwargs = {} if parent is None else {"parent": parent}
+    ``message_create`` (left out: after the active leaf)."""
     message = message_create(
         conversation=conversation,
         role=Message.Role.USER,
         content=content,
         status=Message.Status.BLOCKED,
         client_id=client_id,
-        **kwargs,
+        parent=parent,
     )
     input_record(verdict=verdict, user=user, message=message, text=content)
+    # Every other tab of the user shows the new message (tab sync through the per-user group).
+    broadcast.publish_to_user_on_commit(
+        user.pk,
+        broadcast.frame_conversation(
+            kind="messages", conversation_id=conversation.pk, title=conversation.title
+        ),
+    )
     return ContentBlocked(
         categories=verdict.categories,
         message_id=message.pk,
         conversation_id=conversation.pk,
         title=conversation.title,
+    )
+
+
+def blocked_again(*, message: Message) -> ContentBlocked:
+    """The :class:`ContentBlocked` of an already stored blocked ``message`` (a resend with its
+    ``client_id``): nothing new is stored."""
+    from safety.models import ModerationVerdict
+
+    verdict = ModerationVerdict.objects.filter(message=message, stage="input").order_by("-id").first()
+    return ContentBlocked(
+        categories=list(verdict.categories) if verdict else [],
+        message_id=message.pk,
+        conversation_id=message.conversation_id,
+        title=message.conversation.title,
     )

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from observability import metrics, tracing
+from observability import moderation_metrics as metrics
+from observability import tracing
 from safety.guards.base import GuardContext
 from safety.policies import Policy, policy_for_tier
 

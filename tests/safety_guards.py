@@ -43,3 +43,13 @@ class PhraseGuard(Guard):
     def check(self, text, context):
         hit = bool(self.phrase) and self.phrase in text.lower()
         return GuardResult(guard=self.name, version="1", scores={"test_phrase": 1.0 if hit else 0.0})
+
+
+class OutputAlwaysGuard(Guard):
+    """Flags every output text (category ``test_output``) and no input: any reply is cut at its first check."""
+
+    name = "output-always"
+    stages = ("output",)
+
+    def check(self, text, context):
+        return GuardResult(guard=self.name, version="1", scores={"test_output": 1.0})

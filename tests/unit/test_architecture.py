@@ -16,6 +16,7 @@ PRODUCT_PACKAGES = (
     "api",
     "operations",
     "conversations",
+    "safety",
     "accounts",
     "billing",
     "inference",
