@@ -310,7 +310,7 @@ SAFETY_GUARDS = env.list(
 # The prompt-injection phrase list (one phrase a line); blank = safety/data/injection_phrases.txt.
 SAFETY_INJECTION_PHRASES_FILE = env("SAFETY_INJECTION_PHRASES_FILE", default="")
 # Oversized repetition: a message of at least this many characters that zlib shrinks below this ratio.
-SAFETY_REPETITION_MIN_CHARS = env.int("SAFETY_REPETITION_MIN_CHARS", default=1000)
+SAFETY_REPETITION_MIN_CHARS = env.int("SAFETY_REPETITION_MIN_CHARS", default=4000)
 SAFETY_REPETITION_MAX_RATIO = env.float("SAFETY_REPETITION_MAX_RATIO", default=0.08)
 # The policy of a tier without a safety policy row in the admin:
 SAFETY_DEFAULT_ACTION = env("SAFETY_DEFAULT_ACTION", default="block")

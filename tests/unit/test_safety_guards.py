@@ -45,9 +45,10 @@ RULES_TABLE = [
     ("token ghp_" + "a1B2" * 9, INPUT, {"secret"}),
     ("slack xoxb-123456789012-abcdefghij", INPUT, {"secret"}),
     # Oversized repetition (input only): one phrase pasted over and over.
-    ("spam " * 400, INPUT, {"repetition"}),
+    ("spam " * 1000, INPUT, {"repetition"}),
+    ("word " * 200, INPUT, set()),  # 1,000 characters: under the size where repetition counts
     ("a" * 5000, INPUT, {"repetition"}),
-    ("spam " * 400, OUTPUT, set()),
+    ("spam " * 1000, OUTPUT, set()),
     ("short " * 10, INPUT, set()),
 ]
 
