@@ -16,6 +16,7 @@ safeguard", Inan et al. 2023) and the OpenAI moderation endpoint's category/scor
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -143,29 +144,10 @@ def chain_run(*, text: str, stage: str, tier=None, user_id: int | None = None, f
     if not policy.enabled or (stage == "output" and not policy.moderate_output):
         return verdict
     context = GuardContext(stage=stage, user_id=user_id, tier=policy.tier, final=final)
-    with tracing.span(f"moderation.{stage}", final=final) as span:
+    # A span for input and final output checks only: one per sentence would drown the reply's trace.
+    with tracing.span(f"moderation.{stage}") if final else contextlib.nullcontext() as span:
         for guard in _selected(policy, stage):
-            result = _run_guard(guard, text, context, policy)
-            verdict.results.append(result)
-            hits = [c for c, s in result["scores"].items() if s >= policy.threshold(c)]
-            if result["error"]:
-                verdict.failures += 1
-                if policy.on_failure == "closed":
-                    hits.append(GUARD_FAILURE)
-            for category in hits:
-                if category not in verdict.categories:
-                    verdict.categories.append(category)
-            if hits and not verdict.guard:
-                verdict.guard = guard.name
-            action = _action(policy, hits)
-            for category in hits or ["none"]:
-                metrics.observe_moderation_verdict(
-                    stage=stage, guard=guard.name, category=category, action=action
-                )
-            if action == "block":
-                verdict.action = "block"
-            elif action == "flag" and verdict.action == "allow":
-                verdict.action = "flag"
+            _apply(verdict, policy, guard, _run_guard(guard, text, context, policy))
         if span is not None:
             span.set_attribute("moderation.action", verdict.action)
             span.set_attribute("moderation.categories", ",".join(verdict.categories))
@@ -176,6 +158,30 @@ def chain_run(*, text: str, stage: str, tier=None, user_id: int | None = None, f
             "moderation %s %s: %s by %s", stage, verdict.action, ",".join(verdict.categories), verdict.guard
         )
     return verdict
+
+
+def _apply(verdict: Verdict, policy: Policy, guard, result: dict) -> None:
+    """Fold one guard's result into ``verdict`` under ``policy``, counting it per category."""
+    verdict.results.append(result)
+    hits = [c for c, s in result["scores"].items() if s >= policy.threshold(c)]
+    if result["error"]:
+        verdict.failures += 1
+        if policy.on_failure == "closed":
+            hits.append(GUARD_FAILURE)
+    for category in hits:
+        if category not in verdict.categories:
+            verdict.categories.append(category)
+    if hits and not verdict.guard:
+        verdict.guard = guard.name
+    action = _action(policy, hits)
+    for category in hits or ["none"]:
+        metrics.observe_moderation_verdict(
+            stage=verdict.stage, guard=guard.name, category=category, action=action
+        )
+    if action == "block":
+        verdict.action = "block"
+    elif action == "flag" and verdict.action == "allow":
+        verdict.action = "flag"
 
 
 def _action(policy: Policy, hits: list[str]) -> str:
