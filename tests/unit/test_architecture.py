@@ -17,12 +17,14 @@ PRODUCT_PACKAGES = (
     "operations",
     "conversations",
     "safety",
+    "memory",
     "accounts",
     "billing",
     "inference",
     "events",
     "observability",
     "database",
+    "documents",
 )
 #: Product files allowed past MAX_LINES, each with its reason.
 LONG_FILE_EXCEPTIONS = {
