@@ -308,56 +308,8 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
 
-# --- Safety (issue 26): the guard chain around every reply (docs/safety.md) ---
-# Master switch; false passes every text unchecked (per-tier switches are in the admin's safety policies).
-SAFETY_ENABLED = env.bool("SAFETY_ENABLED", default=True)
-# Guards, in order, as dotted class paths (like MIDDLEWARE). Built-in: safety.guards.rules.RulesGuard,
-# safety.guards.classifier.ProfanityGuard, safety.guards.http.HttpModerationGuard (needs the URL below).
-SAFETY_GUARDS = env.list(
-    "SAFETY_GUARDS",
-    default=["safety.guards.rules.RulesGuard", "safety.guards.classifier.ProfanityGuard"],
-)
-# The prompt-injection phrase list (one phrase a line); blank = safety/data/injection_phrases.txt.
-SAFETY_INJECTION_PHRASES_FILE = env("SAFETY_INJECTION_PHRASES_FILE", default="")
-# Oversized repetition: a message of at least this many characters that zlib shrinks below this ratio.
-SAFETY_REPETITION_MIN_CHARS = env.int("SAFETY_REPETITION_MIN_CHARS", default=4000)
-SAFETY_REPETITION_MAX_RATIO = env.float("SAFETY_REPETITION_MAX_RATIO", default=0.08)
-# The policy of a tier without a safety policy row in the admin:
-SAFETY_DEFAULT_ACTION = env("SAFETY_DEFAULT_ACTION", default="block")
-if SAFETY_DEFAULT_ACTION not in ("block", "flag"):
-    raise environ.ImproperlyConfigured("SAFETY_DEFAULT_ACTION must be block or flag")
-SAFETY_DEFAULT_THRESHOLD = env.float("SAFETY_DEFAULT_THRESHOLD", default=0.5)
-# Per-category thresholds, "category=score,..." (profanity is the classifier's calibrated probability).
-SAFETY_DEFAULT_THRESHOLDS = {
-    k: float(v) for k, v in env.dict("SAFETY_DEFAULT_THRESHOLDS", default={"profanity": "0.8"}).items()
-}
-# Categories recorded and counted but never blocked.
-SAFETY_DEFAULT_FLAG_ONLY = env.list("SAFETY_DEFAULT_FLAG_ONLY", default=[])
-# A guard that raises or times out: open = pass the text, closed = block it.
-SAFETY_DEFAULT_ON_FAILURE = env("SAFETY_DEFAULT_ON_FAILURE", default="open")
-if SAFETY_DEFAULT_ON_FAILURE not in ("open", "closed"):
-    raise environ.ImproperlyConfigured("SAFETY_DEFAULT_ON_FAILURE must be open or closed")
-# Timeout of an off-thread guard (the HTTP guard, any guard without inline = True), milliseconds.
-SAFETY_GUARD_TIMEOUT_MS = env.int("SAFETY_GUARD_TIMEOUT_MS", default=500)
-SAFETY_GUARD_THREADS = env.int("SAFETY_GUARD_THREADS", default=8)
-SAFETY_MODERATE_OUTPUT = env.bool("SAFETY_MODERATE_OUTPUT", default=True)
-# While a reply streams, check it at each sentence end (0) or every N tokens (N > 0); always once at the end.
-SAFETY_OUTPUT_CHECK_EVERY_TOKENS = env.int("SAFETY_OUTPUT_CHECK_EVERY_TOKENS", default=0)
-# How long a web/worker process reuses a tier's policy row (s).
-SAFETY_POLICY_CACHE_S = env.float("SAFETY_POLICY_CACHE_S", default=5.0)
-# The HTTP guard: any OpenAI-shaped /v1/moderations endpoint.
-SAFETY_HTTP_GUARD_URL = env("SAFETY_HTTP_GUARD_URL", default="")
-SAFETY_HTTP_GUARD_API_KEY = env("SAFETY_HTTP_GUARD_API_KEY", default="")
-SAFETY_HTTP_GUARD_MODEL = env("SAFETY_HTTP_GUARD_MODEL", default="")
-SAFETY_HTTP_GUARD_TIMEOUT_S = env.float("SAFETY_HTTP_GUARD_TIMEOUT_S", default=2.0)
-# Strikes: after SAFETY_STRIKE_LIMIT blocks (false positives excluded) within SAFETY_STRIKE_WINDOW_H hours,
-# SAFETY_STRIKE_ACTION: "suspend" (the account is deactivated), "tier:<name>" (moved to that tier) or "none".
-# 0 turns strikes off.
-SAFETY_STRIKE_LIMIT = env.int("SAFETY_STRIKE_LIMIT", default=5)
-SAFETY_STRIKE_WINDOW_H = env.float("SAFETY_STRIKE_WINDOW_H", default=24.0)
-SAFETY_STRIKE_ACTION = env("SAFETY_STRIKE_ACTION", default="none")
-if not (SAFETY_STRIKE_ACTION in ("suspend", "none") or SAFETY_STRIKE_ACTION.startswith("tier:")):
-    raise environ.ImproperlyConfigured("SAFETY_STRIKE_ACTION must be suspend, none or tier:<name>")
+# --- Safety (issue 26): the guard chain around every reply; its settings live in safety.py beside this file.
+from .safety import *  # noqa: E402,F401,F403
 
 # --- Memory across conversations (issue 27, docs/memory.md) ---
 # Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
