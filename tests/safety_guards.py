@@ -37,11 +37,10 @@ class PhraseGuard(Guard):
     name = "phrase"
     stages = ("input", "output")
 
-    def __init__(self):
-        self.phrase = os.environ.get("SAFETY_TEST_PHRASE", "").lower()
-
     def check(self, text, context):
-        hit = bool(self.phrase) and self.phrase in text.lower()
+        # Read at each check: the chain keeps one instance per value of SAFETY_GUARDS for the process.
+        phrase = os.environ.get("SAFETY_TEST_PHRASE", "").lower()
+        hit = bool(phrase) and phrase in text.lower()
         return GuardResult(guard=self.name, version="1", scores={"test_phrase": 1.0 if hit else 0.0})
 
 

@@ -196,7 +196,11 @@ def test_reply_cut_by_the_output_chain_is_blocked_textless_and_frees_its_slot(
 
 
 @pytest.mark.django_db
-def test_clean_reply_is_checked_once_more_at_the_end_and_completes(alice, short_replies, redis_clean, engine):
+def test_clean_reply_is_checked_once_more_at_the_end_and_completes(
+    alice, short_replies, redis_clean, engine, settings
+):
+    # A guard that flags nothing (no phrase set): the tiny model's random text could hold anything.
+    settings.SAFETY_GUARDS = ["tests.safety_guards.PhraseGuard"]
     ticket = generations.reply_request(user=alice, conversation_id=None, content="Say hi.")
     assert run_generation(message_id=ticket.message.id, host=WorkerHost(engine)) in ("completed",)
     reply = Message.objects.get(pk=ticket.message.id)

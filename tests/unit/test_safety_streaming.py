@@ -15,9 +15,8 @@ def chain_settings(settings):
 
 
 @pytest.fixture
-def phrase(monkeypatch, settings):
+def phrase(monkeypatch):
     monkeypatch.setenv("SAFETY_TEST_PHRASE", "shimmered")
-    settings.SAFETY_GUARDS = list(settings.SAFETY_GUARDS)  # a new value: the guards are built again
 
 
 def test_checks_at_sentence_ends_and_cuts_at_the_first_bad_sentence(phrase):
