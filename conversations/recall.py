@@ -40,6 +40,7 @@ def context_with_memory(
     budget_tokens: int,
     tokenize: Callable[[list[dict[str, str]]], list[int]],
     count_tokens: Callable[[str], int],
+    vector=None,
 ) -> AssembledContext:
     """``window`` (the context assembled without memory) with the user's key facts and the chunks recalled
     for the newest turn added to the system message, the window fitted again around it; the recalled
@@ -57,6 +58,7 @@ def context_with_memory(
             budget_tokens=tier.memory_budget_tokens,
             count_tokens=count_tokens,
             reply_id=message.id,
+            vector=vector,  # the question's embedding when documents retrieval already fetched it
         )
         if not memory.text:
             return window

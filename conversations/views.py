@@ -10,10 +10,21 @@ from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
 from conversations import branches, recall, selectors, services, sharing, token_budget
+from documents import selectors as document_selectors
+from documents.progress import document_dict
 from events import broadcast
 from inference.registry import models_for_tier
 from memory.selectors import conversation_memory_enabled
 from memory.services import conversation_memory_set
+
+
+def _with_citations(messages):
+    """Set ``cited`` (the reply's citation chips, ``documents.selectors.citations_for_messages``) on each
+    message; returns ``messages``."""
+    cited = document_selectors.citations_for_messages(message_ids=[m.id for m in messages])
+    for m in messages:
+        m.cited = cited.get(m.id, [])
+    return messages
 
 
 def home(request):
@@ -43,7 +54,7 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             user=request.user, page_number=request.GET.get("page")
         ),
         "conversation": conversation,
-        "chat_messages": path.messages,
+        "chat_messages": _with_citations(path.messages),
         "has_older": path.has_older,
         "focus_message_id": focus_message_id,
         "ws_path": "/ws/chat/",
@@ -60,6 +71,13 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             "maxChars": settings.MAX_MESSAGE_CHARS,
         },
         "shares": sharing.shares_for_conversation(conversation=conversation) if conversation else [],
+        "documents": [
+            document_dict(d) for d in document_selectors.document_list(conversation_id=conversation.id)
+        ]
+        if conversation
+        else [],
+        "documents_max_bytes": settings.DOCUMENTS_MAX_BYTES,
+        "documents_max_mib": f"{settings.DOCUMENTS_MAX_BYTES / (1024 * 1024):g}",
         "conversation_memory": conversation_memory_enabled(conversation_id=conversation.id)
         if conversation
         else True,
@@ -103,7 +121,7 @@ def chat_messages(request, conversation_id: int):
             raise Http404("message not in this conversation")
     path = branches.active_path(conversation=conversation, before=before, limit=branches.PATH_PAGE_SIZE)
     recall.attach_recalls(user=request.user, messages=path.messages)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
@@ -126,7 +144,7 @@ def chat_branch(request, conversation_id: int):
     )
     path = branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE)
     recall.attach_recalls(user=request.user, messages=path.messages)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from django.conf import settings
 
 from memory import metrics
@@ -49,11 +50,13 @@ def memory_context(
     min_score: float | None = None,
     timeout_s: float | None = None,
     reply_id: int | None = None,
+    vector: np.ndarray | None = None,
 ) -> MemoryContext:
     """Key facts (newest first) then recalled chunks (best first), each added while the whole block fits
     ``budget_tokens``. Empty when memory is off for the account or conversation, or the budget is 0.
     ``reply_id``: the reply being assembled, whose question may have been prefetched
-    (``memory.query.question_prefetch``)."""
+    (``memory.query.question_prefetch``); ``vector``: the question's embedding when the caller already has
+    it (documents retrieval fetched it first)."""
     if budget_tokens <= 0 or not memory_enabled_for(user_id=user_id, conversation_id=conversation_id):
         return MemoryContext()
     k = settings.MEMORY_TOP_K if k is None else k
@@ -90,6 +93,7 @@ def memory_context(
         min_score=min_score,
         timeout_s=timeout_s,
         reply_id=reply_id,
+        vector=vector,
     )
     hits: list[Hit] = []
     if found and try_add([RECALL_MARKER]):
@@ -115,6 +119,7 @@ def _recall(
     min_score: float,
     timeout_s: float,
     reply_id: int | None,
+    vector: np.ndarray | None = None,
 ) -> list[FoundChunk]:
     if k <= 0 or not question.strip():
         return []
@@ -122,9 +127,9 @@ def _recall(
     started = time.perf_counter()
     with span("memory.retrieval", backend=backend, k=k) as current:
         with span("memory.question_embedding"):
-            if reply_id is None:
+            if vector is None and reply_id is None:
                 vector = question_embed(text=question, timeout_s=timeout_s)
-            else:
+            elif vector is None:
                 vector = question_vector(reply_id=reply_id, text=question, timeout_s=timeout_s)
         if vector is None:
             return []
@@ -134,7 +139,8 @@ def _recall(
                 vector=vector,
                 k=k,
                 min_score=min_score,
-                flt=SearchFilter(exclude_message_ids=exclude),
+                # Turns only: a file's passages are retrieved in its own conversation (documents.retrieval).
+                flt=SearchFilter(exclude_message_ids=exclude, source_kinds=("turn",)),
             )
         current.set_attribute("memory.hits", len(found))
     metrics.RETRIEVAL_SECONDS.labels(backend).observe(time.perf_counter() - started)

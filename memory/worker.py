@@ -1,7 +1,7 @@
 """The embeddings worker's Celery app: ``celery -A memory.worker worker -Q embeddings.query,embeddings``
 (Procfile ``embeddings:``).
 
-A Celery app of its own that discovers only memory's tasks, so this process never loads a chat engine (the
+A Celery app of its own that discovers only memory's and documents' tasks, so this process never loads a chat engine (the
 GPU workers' start-up hook lives in the inference tasks, not imported here). At start it loads the
 embedding model and serves its Prometheus metrics on ``EMBEDDINGS_METRICS_PORT``. Scale by running more of
 these processes (each loads its own copy of the model, ~90 MB of weights), each with its own
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 app = Celery("chatsite-embeddings")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["memory"])
+app.autodiscover_tasks(["memory", "documents"])  # documents: processing uploaded files
 
 
 @worker_ready.connect

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "memory",  # recall across conversations and the vector store (issue 27)
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "axes",  # log-in throttling (issue 7)
@@ -201,6 +202,8 @@ INFERENCE_KV_CACHE_MEMORY_MB = env.float("INFERENCE_KV_CACHE_MEMORY_MB", default
 # The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
 # RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)
+# fast: the kernels measured fastest on this CPU kind; low: GGUF blocks wherever a weight has them (docs/engine-kernels.md).
+INFERENCE_KERNEL_MEMORY = env.str("INFERENCE_KERNEL_MEMORY", default="fast")
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
 # Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
@@ -332,4 +335,59 @@ EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_p
 CELERY_TASK_ROUTES = {
     "memory.embed_chunks": {"queue": "embeddings", "routing_key": "embeddings"},
     "memory.embed_query": {"queue": "embeddings.query", "routing_key": "embeddings.query"},
+    "documents.process": {"queue": "embeddings", "routing_key": "embeddings"},  # uploaded files
 }
+
+# --- Documents (issue 27): files uploaded to a conversation, chunked with overlap, embedded, cited ---
+# Limits, checked at upload (by content, not by name) and again while the file is processed.
+DOCUMENTS_MAX_BYTES = env.int("DOCUMENTS_MAX_BYTES", default=10 * 1024 * 1024)
+DOCUMENTS_MAX_PAGES = env.int("DOCUMENTS_MAX_PAGES", default=200)
+# A DOCX is a zip: the sum of its entries' uncompressed sizes (a zip bomb stops here).
+DOCUMENTS_MAX_UNCOMPRESSED_BYTES = env.int("DOCUMENTS_MAX_UNCOMPRESSED_BYTES", default=50 * 1024 * 1024)
+# Extracted text of one file (characters); past it the file is refused rather than cut.
+DOCUMENTS_MAX_TEXT_CHARS = env.int("DOCUMENTS_MAX_TEXT_CHARS", default=1_000_000)
+DOCUMENTS_MAX_PER_CONVERSATION = env.int("DOCUMENTS_MAX_PER_CONVERSATION", default=20)
+# Chunking: word pieces (tokens of the embedding model) per chunk, and those shared by neighbouring chunks of
+# the same page; all-MiniLM-L6-v2 was trained on 128-piece inputs and reads at most 256.
+DOCUMENTS_CHUNK_TOKENS = env.int("DOCUMENTS_CHUNK_TOKENS", default=128)
+DOCUMENTS_CHUNK_OVERLAP_TOKENS = env.int("DOCUMENTS_CHUNK_OVERLAP_TOKENS", default=24)
+if not 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256:
+    raise environ.ImproperlyConfigured(
+        "need 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256"
+    )
+# Retrieval for each question: at most this many chunks of the conversation's documents, each at least
+# this cosine similarity to the question.
+DOCUMENTS_TOP_K = env.int("DOCUMENTS_TOP_K", default=4)
+DOCUMENTS_MIN_SCORE = env.float("DOCUMENTS_MIN_SCORE", default=0.2)
+# Where files are stored: "local" (DOCUMENTS_ROOT on this machine's disk) or "s3" (any S3-compatible object
+# store through django-storages; AWS_* variables below). Every process (web, workers) must see the same store.
+DOCUMENTS_STORAGE_BACKEND = env("DOCUMENTS_STORAGE_BACKEND", default="local")
+DOCUMENTS_ROOT = env("DOCUMENTS_ROOT", default=str(BASE_DIR / "var" / "documents"))
+if DOCUMENTS_STORAGE_BACKEND == "local":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # No base_url: files are never served by URL, only read by the workers through the storage API.
+        "OPTIONS": {"location": DOCUMENTS_ROOT, "base_url": None},
+    }
+elif DOCUMENTS_STORAGE_BACKEND == "s3":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env("AWS_STORAGE_BUCKET_NAME"),  # no default: required for s3
+            "endpoint_url": env("AWS_S3_ENDPOINT_URL", default="") or None,  # MinIO, Ceph, R2, ...
+            "region_name": env("AWS_S3_REGION_NAME", default="") or None,
+            "access_key": env("AWS_S3_ACCESS_KEY_ID", default="") or None,
+            "secret_key": env("AWS_S3_SECRET_ACCESS_KEY", default="") or None,
+            "location": env("DOCUMENTS_S3_PREFIX", default="documents"),
+            "addressing_style": env("AWS_S3_ADDRESSING_STYLE", default="") or None,
+            "default_acl": None,
+            "file_overwrite": False,
+            "querystring_auth": True,
+        },
+    }
+else:
+    raise environ.ImproperlyConfigured("DOCUMENTS_STORAGE_BACKEND must be local or s3")
+# The Celery queue that parses and embeds uploaded files (the embeddings workers consume it).
+DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
+# Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
+DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)

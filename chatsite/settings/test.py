@@ -14,13 +14,21 @@ os.environ.setdefault(
 )
 
 from .base import *  # noqa: E402,F401,F403
-from .base import CHANNEL_LAYERS, DATABASES, env  # noqa: E402
+from .base import BASE_DIR, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Uploaded documents: always the local filesystem, in a directory of their own (the live-stack tests' daphne and
+# workers are other processes and must see the same files). The S3 backend is tested with moto's fake S3.
+DOCUMENTS_ROOT = env("TEST_DOCUMENTS_ROOT", default=str(BASE_DIR / "var" / "test-documents"))
+DOCUMENTS_STORAGE = {
+    "BACKEND": "django.core.files.storage.FileSystemStorage",
+    "OPTIONS": {"location": DOCUMENTS_ROOT, "base_url": None},
+}
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "documents": DOCUMENTS_STORAGE,
 }
 REDIS_URL = env("TEST_REDIS_URL", default="redis://127.0.0.1:6379/9")
 CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [REDIS_URL]
