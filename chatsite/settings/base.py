@@ -203,6 +203,8 @@ INFERENCE_KV_CACHE_MEMORY_MB = env.float("INFERENCE_KV_CACHE_MEMORY_MB", default
 # The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
 # RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)
+# fast: the kernels measured fastest on this CPU kind; low: GGUF blocks wherever a weight has them (docs/engine-kernels.md).
+INFERENCE_KERNEL_MEMORY = env.str("INFERENCE_KERNEL_MEMORY", default="fast")
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
 # Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
@@ -321,6 +323,8 @@ if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
 # Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
 MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
 MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# pgvector's HNSW search breadth (hnsw.ef_search): higher finds more of the true nearest chunks, slower.
+MEMORY_HNSW_EF_SEARCH = env.int("MEMORY_HNSW_EF_SEARCH", default=100)
 # The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
 MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
 # How long a reply waits for its question's embedding before going on without recall (seconds).
