@@ -16,6 +16,10 @@ BILLING_SSO_APPS = [
     "allauth.socialaccount.providers.openid_connect",
 ]
 
+#: Put first in AUTHENTICATION_BACKENDS: with password log-in off it refuses every password but the
+#: break-glass ones (accounts/backends.py).
+PASSWORD_LOGIN_GATE = "accounts.backends.PasswordLoginGate"
+
 # --- Payments ---
 # Payment provider for upgrade requests (billing/payments.py): manual admin approval (default) or Stripe
 # (billing.stripe_provider.StripeProvider; docs/billing-and-sso.md).

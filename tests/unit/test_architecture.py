@@ -16,6 +16,7 @@ PRODUCT_PACKAGES = (
     "api",
     "operations",
     "conversations",
+    "safety",
     "memory",
     "accounts",
     "billing",
@@ -25,7 +26,6 @@ PRODUCT_PACKAGES = (
     "observability",
     "database",
     "documents",
-    "memory",
 )
 #: Product files allowed past MAX_LINES, each with its reason.
 LONG_FILE_EXCEPTIONS: dict[str, str] = {}
