@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
+    "safety",  # input and output moderation, /v1/moderations, the review queue (issue 26)
     "axes",  # log-in throttling (issue 7)
 ]
 
@@ -55,6 +56,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "allauth.account.middleware.AccountMiddleware",  # allauth's request context (async-capable)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
@@ -230,8 +232,6 @@ ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
-# Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
-BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
@@ -318,6 +318,9 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
 
+# --- Safety (issue 26): the guard chain around every reply; its settings live in safety.py beside this file.
+from .safety import *  # noqa: E402,F401,F403
+
 # --- Memory across conversations (issue 27, docs/memory.md) ---
 # Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
 MEMORY_ENABLED = env.bool("MEMORY_ENABLED", default=True)
@@ -328,6 +331,8 @@ if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
 # Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
 MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
 MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# pgvector's HNSW search breadth (hnsw.ef_search): higher finds more of the true nearest chunks, slower.
+MEMORY_HNSW_EF_SEARCH = env.int("MEMORY_HNSW_EF_SEARCH", default=100)
 # The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
 MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
 # How long a reply waits for its question's embedding before going on without recall (seconds).
@@ -398,3 +403,7 @@ else:
 DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
 # Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
 DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)
+from .billing_sso import *  # noqa: E402,F401,F403  Payments (manual, Stripe), teams, single sign-on (issue 32)
+
+INSTALLED_APPS += BILLING_SSO_APPS  # noqa: F405  (organizations; allauth with its OpenID Connect provider)
+AUTHENTICATION_BACKENDS = [PASSWORD_LOGIN_GATE, *AUTHENTICATION_BACKENDS]  # noqa: F405

@@ -16,15 +16,16 @@ PRODUCT_PACKAGES = (
     "api",
     "operations",
     "conversations",
+    "safety",
     "memory",
     "accounts",
     "billing",
+    "organizations",
     "inference",
     "events",
     "observability",
     "database",
     "documents",
-    "memory",
 )
 #: Product files allowed past MAX_LINES, each with its reason.
 LONG_FILE_EXCEPTIONS: dict[str, str] = {}
