@@ -11,6 +11,8 @@ from urllib.parse import unquote
 import environ
 from kombu import Exchange, Queue
 
+from .database import database_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -85,20 +87,7 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
 # A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
 DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
-# 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
-# (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
-# task, which costs a millisecond against seconds of generation.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# psycopg's pool (Django 5.1+): a connection closed after each call under ASGI goes back to it; 0 = off (docs/overhead.md)
-DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=16)  # a negative size: psycopg_pool refuses to start
-if DB_POOL_MAX_SIZE:  # max_idle: idle connections beyond min_size close (s); timeout: wait for one (s)
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": min(DB_POOL_MAX_SIZE, env.int("DB_POOL_MIN_SIZE", default=2)),
-        "max_size": DB_POOL_MAX_SIZE,
-        "max_idle": env.float("DB_POOL_MAX_IDLE_S", default=60.0),
-        "timeout": env.float("DB_POOL_TIMEOUT_S", default=10.0),
-    }
+DATABASES["default"].update(database_settings(env, DATABASES["default"].get("OPTIONS", {})))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"
