@@ -17,9 +17,11 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("", home, name="home"),
     path("accounts/", include("accounts.urls")),
+    path("sso/", include("accounts.sso_urls")),  # single sign-on over OpenID Connect (issue 32)
     path("chat/", include("conversations.urls")),
     path("s/<str:token>/", share_view, name="share_view"),
     path("billing/", include("billing.urls")),
+    path("memory/", include("memory.urls")),
     path("admin/", admin.site.urls),
     path("", include("operations.urls")),  # /healthz /readyz /metrics /ops/fleet/
     # OpenAI-compatible API, history JSON API and the API keys page (issue 10)

@@ -1,5 +1,10 @@
 """The thin adapter between the product and the engine: loads a reply's conversation, assembles its context,
 streams the engine's deltas through ``events.broadcast`` and persists the result.
+
+Output moderation (docs/safety.md): every delta goes through the reply's ``OutputMonitor`` on this task
+thread (never the engine's loop thread) before it is published; when a check blocks, the request is
+cancelled at once (Stop's path: the engine frees the slot at its next step), nothing more is published,
+the replay stream is deleted, and the reply is stored ``blocked`` without its text.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import time
 import redis
 from django.conf import settings
 
+from conversations import recall
 from conversations.context import ContextTooLong, assemble_context
 from conversations.generation_worker import (
     generation_finish,
@@ -18,13 +24,26 @@ from conversations.generation_worker import (
     generation_start,
 )
 from conversations.models import Message
+from database.connections import close_request_connections
 from database.outages import DB_OUTAGE_ERRORS, with_db_retry
+from documents.retrieval import (
+    DocumentsContext,
+    citations_record,
+    conversation_has_documents,
+    documents_budget,
+    documents_context,
+    with_documents,
+)
 from events import broadcast
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
+from memory.query import question_vector
 from observability import tracing
 from observability.logs import log_context
 from observability.metrics import ReplyTimer
+from safety.chain import Verdict
+from safety.services import verdict_record
+from safety.streaming import OutputMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -123,13 +142,40 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         system_prompt, turns = generation_history(message=message)
         context_limit = min(tier.max_context_tokens, engine.context_length)
         max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
-        context = assemble_context(
-            system_prompt=system_prompt,
-            history=turns,
-            budget_tokens=context_limit - max_new_tokens,
+        budget = context_limit - max_new_tokens
+        cited, vector = _documents_context(engine, message, turns, budget)
+        try:
+            context = assemble_context(
+                system_prompt=with_documents(system_prompt, cited),
+                history=turns,
+                budget_tokens=budget,
+                tokenize=engine.render_chat,
+            )
+        except ContextTooLong:
+            if not cited.text:
+                raise
+            # The passages left no room for the newest turn: answer without them.
+            cited = DocumentsContext()
+            context = assemble_context(
+                system_prompt=system_prompt, history=turns, budget_tokens=budget, tokenize=engine.render_chat
+            )
+        context = recall.context_with_memory(
+            message=message,
+            tier=tier,
+            system_prompt=with_documents(system_prompt, cited),
+            turns=turns,
+            window=context,
+            budget_tokens=budget,
             tokenize=engine.render_chat,
+            count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
+            vector=vector,
         )
         generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+        if cited.cited:
+            citations_record(reply_id=message.id, cited=cited.cited)
+    # Nothing is read or written until the final write: give the connection back (to the pool) for the
+    # decode, so a worker's concurrent replies do not each hold one (DB_POOL_MAX_SIZE, docs/overhead.md).
+    close_request_connections()
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
@@ -150,15 +196,27 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         handle.cancel()
     final: FinishEvent | None = None
     publish_failures = 0
+    first_publish: tuple[int, int] | None = None  # ns: the first delta handed to / accepted by the layer
+    monitor = OutputMonitor(tier=tier, user_id=message.conversation.owner_id)
+    blocked: Verdict | None = None
     with tracing.quiet():  # one Redis span per delta would drown the trace
         for event in handle.events():
             if isinstance(event, TokenEvent):
                 timer.token(len(event.token_ids))
+                if blocked is not None:
+                    continue  # deltas the engine made before the cancel reached it: never published
+                blocked = monitor.feed(event.text, len(event.token_ids))
+                if blocked is not None:
+                    handle.cancel()
+                    continue
+                publish_ns = time.time_ns()
                 try:
                     broadcast.publish(
                         message.id,
                         broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text),
                     )
+                    if first_publish is None:
+                        first_publish = (publish_ns, time.time_ns())
                 except REDIS_ERRORS:
                     # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
                     # final text reaches them in `done` (and from the database on resume).
@@ -171,6 +229,8 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     t = final.timings
     timer.finish_event(final)
     _record_engine_spans(submitted_ns, t)
+    if first_publish is not None:
+        tracing.record_span("channel_layer.first_token", *first_publish)
     logger.info(
         "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",
         final.finish_reason,
@@ -179,8 +239,36 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         round(t.ttft_ms) if t.ttft_ms is not None else "-",
         t.total_ms,
     )
+    verdict = blocked or monitor.finish(final.text)  # the whole reply, once at the end
     with tracing.span("generation.final_write"):
-        return _finish(message, final)
+        if verdict is not None and verdict.blocked:
+            return _finish_blocked(message, final, verdict)
+        return _finish(message, final, verdict)
+
+
+def _documents_context(engine, message: Message, turns: list[dict], budget: int):
+    """``(DocumentsContext, question vector or None)``: passages of the conversation's files for the newest
+    turn (docs/documents.md). The question's vector (prefetched when the reply was queued) is fetched only
+    for a chat with a ready file, and handed on to memory's recall so it is embedded once."""
+    conversation = message.conversation
+    question = turns[-1]["content"] if turns else ""
+    if not question.strip() or not conversation_has_documents(conversation_id=conversation.id):
+        return DocumentsContext(), None
+    with tracing.span("documents.question_embedding"):
+        vector = question_vector(
+            reply_id=message.id, text=question, timeout_s=settings.MEMORY_QUERY_TIMEOUT_S
+        )
+    if vector is None:
+        return DocumentsContext(), None
+    cited = documents_context(
+        user_id=conversation.owner_id,
+        conversation_id=conversation.id,
+        question=question,
+        vector=vector,
+        budget_tokens=documents_budget(prompt_budget_tokens=budget),
+        count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
+    )
+    return cited, vector
 
 
 def _record_engine_spans(submitted_ns: int, t) -> None:
@@ -197,15 +285,48 @@ def _record_engine_spans(submitted_ns: int, t) -> None:
     tracing.record_span("engine.decode", first, end)
 
 
-def _finish(message: Message, final: FinishEvent) -> str:
+def _finish(message: Message, final: FinishEvent, verdict: Verdict | None = None) -> str:
     return finish(
         message=message,
         status=STATUS_BY_FINISH[final.finish_reason],
         text=final.text,
         finish_reason=final.finish_reason,
+        on_written=_recorder(message, verdict, ""),
         prompt_tokens=final.usage.prompt_tokens,
         completion_tokens=final.usage.completion_tokens,
         ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
         duration_ms=round(final.timings.total_ms),
         error=final.error or "",
+    )
+
+
+def _recorder(message: Message, verdict: Verdict | None, text: str):
+    """The final write's hook that stores the output verdict in its transaction (None: nothing to record)."""
+    if verdict is None:
+        return None
+    return lambda: verdict_record(
+        verdict=verdict, user=message.conversation.owner, message_id=message.id, text=text
+    )
+
+
+def _finish_blocked(message: Message, final: FinishEvent, verdict: Verdict) -> str:
+    """Store a reply the output chain blocked: status ``blocked``, ``finish_reason`` ``content_filter``
+    (OpenAI's value) and no text; the text generated goes to the verdict, for staff only. The replay stream
+    is deleted first, so no resume after a refresh can show what was streamed. Tokens generated are charged,
+    as for Stop."""
+    try:
+        broadcast.stream_discard(message.id)
+    except REDIS_ERRORS:  # it expires with STREAM_REPLAY_TTL_S; resume reads the stored (empty) text first
+        logger.warning("could not delete the replay stream of blocked message %s", message.id)
+    logger.info("reply blocked by the output chain: %s by %s", ",".join(verdict.categories), verdict.guard)
+    return finish(
+        message=message,
+        status=Message.Status.BLOCKED,
+        text="",
+        finish_reason="content_filter",
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
+        duration_ms=round(final.timings.total_ms),
+        on_written=_recorder(message, verdict, final.text),
     )

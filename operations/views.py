@@ -35,6 +35,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     checks = health.readiness()
     failing = [name for name, result in checks.items() if result != "ok"]
     body = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
+    # Memory's vector store: shown, never failing readiness (replies go on without recall).
+    body["vector_store"] = health.vector_store()
     return JsonResponse(body, status=503 if failing else 200)
 
 

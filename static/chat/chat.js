@@ -306,6 +306,7 @@
       const reload = (state.active?.id === m.message_id && state.active.reloadOnDone) || branches.isStale();
       if (state.active?.id === m.message_id) endActive();
       render.finish(el, m);
+      if (m.citations) Chat.documents?.renderCitations(el, m.citations);
       if (stick) scrollToBottom();
       refreshControls();
       if (reload) branches.reload().then(adoptActiveFromList).then(scrollToBottom).catch(() => {});
@@ -323,6 +324,22 @@
       if (el?.classList.contains('assistant') && !FINAL.has(el.dataset.status)) { // about a reply in flight
         if (state.active?.id === m.message_id) endActive();
         render.finish(el, { status: 'failed', error: m.message });
+        refreshControls();
+        return;
+      }
+      if (m.code === 'content_policy' && p && !state.active) {
+        // The message is stored, marked blocked, and no reply was queued: keep the bubble with a notice.
+        stopRetry();
+        state.pending = null;
+        setQueueStatus('');
+        if (p.userEl) {
+          p.userEl.dataset.messageId = m.message_id ?? '';
+          p.userEl.dataset.status = 'blocked';
+          $('.content', p.userEl).dataset.raw = p.text;
+          render.setStatusLine(p.userEl, Chat.BLOCKED_INPUT, true);
+        }
+        (p.hidden || []).forEach((el) => el.remove());
+        if (m.conversation_id) setConversation(m.conversation_id, m.title || '');
         refreshControls();
         return;
       }
@@ -348,6 +365,7 @@
       }
     },
     session_ended() { setConn('closed'); },
+    document(m) { Chat.documents?.frame(m); }, // a file's processing state (documents.js)
   };
 
   let renderScheduled = false;
@@ -379,6 +397,7 @@
         if (a.stopping) socket.send({ type: 'stop', message_id: a.id });
       }
       if (state.pending && !state.retryTimer) transmit();
+      Chat.documents?.reload().catch(() => {}); // file states sent while the socket was down
     },
     close() {
       const p = state.pending;
@@ -433,6 +452,8 @@
     else if (t.closest('.continue-button')) continueReply();
   });
   $('.banner-dismiss', els.banner).addEventListener('click', hideBanner);
+  // A file dropped on a new chat started it (documents.js): this page now shows that conversation.
+  document.addEventListener('chat:conversation', (e) => setConversation(e.detail.id, e.detail.title));
 
   // ---------- Start ----------
   render.hydrate(els.list);
