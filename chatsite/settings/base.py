@@ -112,17 +112,12 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
-# channels-redis' list-based layer (default) or its pub/sub layer (``channels_redis.pubsub.RedisPubSubChannelLayer``,
-# no per-channel capacity): docs/scale-out.md#socket-capacity compares the two on the test bed.
+# The list-based layer, or channels_redis.pubsub.RedisPubSubChannelLayer: docs/scale-out.md#socket-capacity
 CHANNEL_LAYER_BACKEND = env("CHANNEL_LAYER_BACKEND", default="channels_redis.core.RedisChannelLayer")
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": CHANNEL_LAYER_BACKEND,
-        "CONFIG": {"hosts": [REDIS_URL]}
-        if CHANNEL_LAYER_BACKEND.endswith("RedisPubSubChannelLayer")
-        else {"hosts": [REDIS_URL], "capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)},
-    }
-}
+_cap = (
+    {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)}
+)
+CHANNEL_LAYERS = {"default": {"BACKEND": CHANNEL_LAYER_BACKEND, "CONFIG": {"hosts": [REDIS_URL], **_cap}}}
 
 CACHES = {
     "default": {
@@ -145,11 +140,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# AMQP heartbeats (seconds). A worker cut off from the broker reconnects once the network heals; if the
-# broker still holds its old connection (detected dead only after two missed heartbeats), the worker's
-# exclusive remote-control queue is still locked, the reconnect fails with RESOURCE_LOCKED and the worker
-# exits. 10 s makes the broker drop a dead connection within ~20 s (Celery's default is 120 s), so a worker
-# partitioned for a minute rejoins by itself (docs/scale-out.md, the partition drill).
+# 10 s, not Celery's 120: a partitioned worker's reconnect must not find its old pidbox queue locked
 CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=10)
 # Priorities 0..INFERENCE_QUEUE_MAX_PRIORITY (a tier's queue_priority is capped to it).
 INFERENCE_QUEUE_MAX_PRIORITY = 10
