@@ -114,9 +114,8 @@ REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 # The list-based layer, or channels_redis.pubsub.RedisPubSubChannelLayer: docs/scale-out.md#socket-capacity
 CHANNEL_LAYER_BACKEND = env("CHANNEL_LAYER_BACKEND", default="channels_redis.core.RedisChannelLayer")
-_cap = (
-    {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": env.int("CHANNEL_LAYER_CAPACITY", default=1000)}
-)
+CHANNEL_LAYER_CAPACITY = env.int("CHANNEL_LAYER_CAPACITY", default=1000)
+_cap = {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": CHANNEL_LAYER_CAPACITY}
 CHANNEL_LAYERS = {"default": {"BACKEND": CHANNEL_LAYER_BACKEND, "CONFIG": {"hosts": [REDIS_URL], **_cap}}}
 
 CACHES = {
@@ -140,8 +139,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# 10 s, not Celery's 120: a partitioned worker's reconnect must not find its old pidbox queue locked
+# A worker reconnecting after a partition must not find its pidbox queue locked: docs/scale-out.md
 CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=10)
+CELERY_CONTROL_QUEUE_EXCLUSIVE = False
 # Priorities 0..INFERENCE_QUEUE_MAX_PRIORITY (a tier's queue_priority is capped to it).
 INFERENCE_QUEUE_MAX_PRIORITY = 10
 CELERY_TASK_ALWAYS_EAGER = False

@@ -91,13 +91,14 @@ def signal_proc(name: str, sig: int, *, wait_s: float = 30.0) -> None:
             if os.waitpid(pid, os.WNOHANG)[0]:
                 return
         except ChildProcessError:  # started by another process (``bed up``): poll its existence
-            if not _exists(pid):
+            if not pid_alive(pid):
                 return
         time.sleep(0.05)
     os.killpg(pid, signal.SIGKILL)
 
 
-def _exists(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, which holds nothing but its exit status, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -382,7 +383,7 @@ def bed_down() -> list[str]:
             pass
     shutil.rmtree(BED_DIR, ignore_errors=True)
     left = [f"namespace {n}" for n in netns.bed_namespaces()]
-    left += [f"process {pid}" for pid in pids if _exists(pid)]
+    left += [f"process {pid}" for pid in pids if pid_alive(pid)]
     if BED_DIR.exists():
         left.append(f"directory {BED_DIR}")
     return left
