@@ -87,7 +87,11 @@ def test_teardown_leaves_nothing_behind(bed):
     assert "nothing left behind" in down.stdout
     assert netns.bed_namespaces() == []
     assert not BED_DIR.exists()
-    # Gone, or a zombie waiting for a parent that is not ours to reap it (it holds no resource).
+    # Gone, or a zombie waiting for a parent that is not ours to reap it (it holds no resource); a process
+    # SIGKILLed a moment ago may still be exiting.
+    deadline = time.monotonic() + 10
+    while [pid for pid in pids if services.pid_alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not [pid for pid in pids if services.pid_alive(pid)]
     # No process of the bed's own PostgreSQL cluster, RabbitMQ node or daphnes is left anywhere.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
