@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF
 from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -38,6 +39,9 @@ INSTALLED_APPS = [
     "inference",
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    # django-ninja's own templates and static files: the API docs page (/api/docs) served from this site
+    # instead of a CDN, as the Content-Security-Policy requires.
+    "ninja",
     "axes",  # log-in throttling (issue 7)
 ]
 
@@ -46,6 +50,8 @@ MIDDLEWARE = [
     "api.middleware.request_id_middleware",
     "django.middleware.security.SecurityMiddleware",
     "chatsite.static_files.AsyncWhiteNoiseMiddleware",  # WhiteNoise, async-capable: the chain stays async
+    "chatsite.content_security.AsyncCSPMiddleware",  # Content-Security-Policy on every page (issue 33)
+    "chatsite.input_guard.input_guard_middleware",  # 400 for text PostgreSQL cannot store (issue 33)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -55,6 +61,25 @@ MIDDLEWARE = [
     "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
     "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
+
+# Content-Security-Policy (django-csp; docs/security.md): scripts, styles, fonts and fetches only from this
+# origin (CSP 3's 'self' covers the same-origin ws:/wss: chat socket), no inline script or style, no
+# plugins, no framing. CSP_CONNECT_SRC adds origins a deployment's page must reach (e.g. a separate
+# WebSocket host: "wss://ws.example.com").
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],  # data: the admin's and the API docs' inline SVG icons
+        "font-src": [SELF],
+        "connect-src": [SELF, *env.list("CSP_CONNECT_SRC", default=[])],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 ROOT_URLCONF = "chatsite.urls"
 ASGI_APPLICATION = "chatsite.asgi.application"

@@ -1,0 +1,125 @@
+"""Refuse HTTP input that PostgreSQL cannot store, before any view runs.
+
+A NUL character (``%00`` in a form or query string, ``\\u0000`` in JSON) or a lone surrogate (``\\ud800`` in
+JSON) in a field that reaches a ``text`` column made the write fail inside the view as a server error (a
+conversation renamed to a title holding NUL answered 500). This middleware checks every form field name and
+value, query parameter and JSON string (keys too) of every request and answers 400
+naming the field, so nothing is written and every form and JSON endpoint is covered, including later ones.
+File contents are the receiving view's to check (``conversations.archive`` refuses such an import).
+
+The answer takes the shape the caller expects: OpenAI's error object under ``/v1/``, django-ninja's
+``{"detail": ...}`` under ``/api/``, ``{"error": ...}`` for a page script asking for JSON, else a page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import UnreadablePostError
+from django.template.loader import render_to_string
+
+from conversations.storable_text import first_unstorable, text_problem
+
+logger = logging.getLogger(__name__)
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+#: What an unstorable string looks like in raw JSON: a NUL byte, ``\u0000``, or a ``\uD800``-``\uDFFF``
+#: escape (a surrogate; a correct pair decodes to one storable character, and the decoded check decides).
+_JSON_SUSPECT = re.compile(rb"\x00|\\u0000|\\u[dD][89a-fA-F]")
+_BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _in_pairs(pairs) -> tuple[str, str] | None:
+    for key, values in pairs:
+        problem = text_problem(key)
+        if problem:
+            return "<field name>", problem
+        for value in values:
+            problem = text_problem(value)
+            if problem:
+                return key, problem
+    return None
+
+
+def unstorable_field(request) -> tuple[str, str] | None:
+    """``(field, reason)`` for the first input of ``request`` that PostgreSQL could not store, else None.
+    ``field``: a query or form field name, a JSON path (``messages[0].content``) or ``path``. Bodies Django cannot read (too big, malformed) are left to the view, which refuses them."""
+    problem = text_problem(request.path_info)
+    if problem:
+        return "path", problem
+    found = _in_pairs(request.GET.lists())
+    if found or request.method not in _BODY_METHODS:
+        return found
+    content_type = request.content_type or ""
+    try:
+        if content_type in FORM_TYPES:
+            # Uploaded file names need no check: Django's multipart parser drops their non-printable
+            # characters (MultiPartParser.sanitize_file_name).
+            return _in_pairs(request.POST.lists())
+        if content_type == "application/json" or content_type.endswith("+json"):
+            raw = request.body
+            if not _JSON_SUSPECT.search(raw):
+                return None
+            if b"\x00" in raw:
+                return "body", "contains a NUL byte"
+            try:
+                return first_unstorable(json.loads(raw))
+            except (ValueError, RecursionError):
+                return None  # not JSON: the view says so
+    except (RequestDataTooBig, SuspiciousOperation, MultiPartParserError, UnreadablePostError, OSError):
+        return None
+    return None
+
+
+def refusal(request, field: str, problem: str) -> HttpResponse:
+    """The 400 answer for ``field`` holding unstorable text, shaped for the caller (module docstring)."""
+    message = f"'{field}' {problem}, which cannot be stored. Nothing was changed."
+    path = request.path_info
+    if path.startswith("/v1/"):
+        body = {"message": message, "type": "invalid_request_error", "param": field, "code": "invalid_value"}
+        return JsonResponse({"error": body}, status=400)
+    if path.startswith("/api/"):
+        return JsonResponse({"detail": message}, status=400)
+    if request.headers.get("Accept", "").startswith("application/json"):
+        return JsonResponse({"error": message}, status=400)
+    # Rendered without the request: no context processor, so no database read for a refused request.
+    return HttpResponse(render_to_string("400.html", {"message": message}), status=400)
+
+
+def input_guard_middleware(get_response):
+    """Sync and async capable; reading a request body (a thread hop in async mode) only for methods that
+    carry one."""
+
+    def check(request) -> HttpResponse | None:
+        found = unstorable_field(request)
+        if found is None:
+            return None
+        logger.warning("refused a request: %s %s", found[0], found[1])
+        return refusal(request, *found)
+
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request):
+            if request.method in _BODY_METHODS:
+                refused = await sync_to_async(check, thread_sensitive=False)(request)
+            else:
+                refused = check(request)
+            return refused or await get_response(request)
+
+        markcoroutinefunction(middleware)
+        return middleware
+
+    def middleware(request):
+        return check(request) or get_response(request)
+
+    return middleware
+
+
+input_guard_middleware.sync_capable = True
+input_guard_middleware.async_capable = True
