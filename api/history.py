@@ -4,9 +4,10 @@ writes) and API keys (``Authorization: Bearer cs-...``) both work. Every convers
 ``conversation_get_for_user``, so another user's conversation answers 404."""
 
 from datetime import datetime
+from typing import Annotated, Any
 
 from django.http import HttpResponse
-from ninja import NinjaAPI, Schema
+from ninja import NinjaAPI, Path, Schema
 from ninja.errors import HttpError
 from ninja.security import django_auth
 
@@ -16,6 +17,8 @@ from conversations.selectors import conversation_get_for_user, conversation_page
 from conversations.services import conversation_delete, conversation_rename
 
 MAX_PER_PAGE = 100
+#: Ids are PostgreSQL ``bigint`` keys; a larger number is a 422, not a database error.
+MAX_ID = 2**63 - 1
 
 history_api = NinjaAPI(
     title="chatsite history API",
@@ -69,6 +72,24 @@ class RenameIn(Schema):
     title: str
 
 
+class ErrorOut(Schema):
+    """``{"detail": "..."}``: 400 (refused input, e.g. an empty title or text PostgreSQL cannot store), 401
+    (no or a wrong API key / session), 404 (no such conversation, or someone else's)."""
+
+    detail: str
+
+
+class ValidationErrorOut(Schema):
+    """``{"detail": [{"type", "loc", "msg", ...}]}``: 422, a parameter or body of the wrong type or range."""
+
+    detail: list[dict[str, Any]]
+
+
+#: Error answers every operation declares (django-ninja's shapes; 400 also from chatsite.input_guard).
+ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut}
+ConversationId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
 def _per_page(per_page: int) -> int:
     return max(1, min(per_page, MAX_PER_PAGE))
 
@@ -82,7 +103,9 @@ def _page_out(page) -> dict:
     }
 
 
-@history_api.get("/conversations", response=ConversationPage, summary="List conversations, newest first")
+@history_api.get(
+    "/conversations", response={200: ConversationPage, **ERRORS}, summary="List conversations, newest first"
+)
 @closes_connections
 def list_conversations(request, page: int = 1, per_page: int = 30):
     return _page_out(
@@ -92,11 +115,16 @@ def list_conversations(request, page: int = 1, per_page: int = 30):
 
 @history_api.get(
     "/conversations/{conversation_id}",
-    response=ConversationDetail,
+    response={200: ConversationDetail, **ERRORS},
     summary="A conversation with its messages",
 )
 @closes_connections
-def get_conversation(request, conversation_id: int, page: int = 1, per_page: int = 50):
+def get_conversation(
+    request,
+    conversation_id: ConversationId,
+    page: int = 1,
+    per_page: int = 50,
+):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     messages = message_page(conversation=conversation, page_number=page, per_page=_per_page(per_page))
     return {
@@ -110,10 +138,12 @@ def get_conversation(request, conversation_id: int, page: int = 1, per_page: int
 
 
 @history_api.patch(
-    "/conversations/{conversation_id}", response=ConversationOut, summary="Rename a conversation"
+    "/conversations/{conversation_id}",
+    response={200: ConversationOut, **ERRORS},
+    summary="Rename a conversation",
 )
 @closes_connections
-def rename_conversation(request, conversation_id: int, payload: RenameIn):
+def rename_conversation(request, conversation_id: ConversationId, payload: RenameIn):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     try:
         return conversation_rename(conversation=conversation, title=payload.title)
@@ -121,9 +151,11 @@ def rename_conversation(request, conversation_id: int, payload: RenameIn):
         raise HttpError(400, str(exc)) from exc
 
 
-@history_api.delete("/conversations/{conversation_id}", response={204: None}, summary="Delete a conversation")
+@history_api.delete(
+    "/conversations/{conversation_id}", response={204: None, **ERRORS}, summary="Delete a conversation"
+)
 @closes_connections
-def delete_conversation(request, conversation_id: int):
+def delete_conversation(request, conversation_id: ConversationId):
     conversation = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     conversation_delete(conversation=conversation)
     return HttpResponse(status=204)
