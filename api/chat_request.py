@@ -158,8 +158,10 @@ def _messages(value: Any, max_chars: int) -> list[dict[str, str]]:
                 f"'{param}.content' is longer than {max_chars} characters.", param=f"{param}.content"
             )
         messages.append({"role": "system" if role == "developer" else role, "content": content})
-    if not any(m["role"] == "user" for m in messages):
-        raise invalid("'messages' must contain at least one user message.", param="messages")
+    # Empty turns are left out of a reply's context, so a request whose user turns are all empty would
+    # reach the worker with nothing to answer (found by schemathesis: it ended as a failed reply, a 500).
+    if not any(m["role"] == "user" and m["content"] for m in messages):
+        raise invalid("'messages' must contain at least one user message with text.", param="messages")
     return messages
 
 

@@ -10,6 +10,7 @@ from django.http import HttpResponse
 from ninja import NinjaAPI, Path, Schema
 from ninja.errors import HttpError
 from ninja.security import django_auth
+from pydantic import model_validator
 
 from api.auth import ApiKeyBearer
 from api.dbconn import closes_connections
@@ -70,6 +71,15 @@ class ConversationDetail(ConversationOut):
 
 class RenameIn(Schema):
     title: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: Any) -> Any:
+        # django-ninja's Schema reads fields as attributes, so a bare JSON string would pass as its own
+        # ``str.title()`` (found by schemathesis): the body must be an object.
+        if not isinstance(getattr(data, "_obj", data), dict):  # ninja hands a DjangoGetter around the body
+            raise ValueError("the body must be a JSON object")
+        return data
 
 
 class ErrorOut(Schema):

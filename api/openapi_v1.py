@@ -55,7 +55,14 @@ _MESSAGE = {
     "required": ["role", "content"],
     "additionalProperties": False,
 }
-_USER_MESSAGE = {"type": "object", "properties": {"role": {"const": "user"}}, "required": ["role"]}
+_USER_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "role": {"const": "user"},
+        "content": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1}]},
+    },
+    "required": ["role", "content"],
+}
 
 
 def _number(low: float, high: float, description: str) -> dict:
@@ -75,7 +82,7 @@ _CHAT_REQUEST = {
             "items": _MESSAGE,
             "minItems": 1,
             "contains": _USER_MESSAGE,
-            "description": "At least one user message; `developer` is treated as `system`.",
+            "description": "At least one user message with text; `developer` is treated as `system`.",
         },
         "stream": _nullable({"type": "boolean"}),
         "stream_options": _nullable(
@@ -191,6 +198,14 @@ _COMPLETION = {
     },
     "required": ["id", "object", "created", "model", "choices", "usage"],
 }
+#: One server-sent event of a streamed completion: ``data`` is a ``chat.completion.chunk`` as JSON (the
+#: shape of ``CreateChatCompletionResponse`` with ``delta`` for ``message``), an ``{"error": ...}`` object
+#: when the reply fails after the stream began, or ``[DONE]`` last.
+_STREAM_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string", "minLength": 1}},
+    "required": ["data"],
+}
 _MODEL = {
     "type": "object",
     "properties": {
@@ -298,7 +313,7 @@ def _chat_operation() -> dict:
                 "`chat.completion.chunk` events ending in `data: [DONE]`.",
                 "content": {
                     JSON: {"schema": _ref("CreateChatCompletionResponse")},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    "text/event-stream": {"schema": _ref("ChatCompletionStreamEvent")},
                 },
             },
             "400": _BAD_REQUEST,
@@ -396,6 +411,7 @@ def openapi_document() -> dict:
             "schemas": {
                 "CreateChatCompletionRequest": _CHAT_REQUEST,
                 "CreateChatCompletionResponse": _COMPLETION,
+                "ChatCompletionStreamEvent": _STREAM_EVENT,
                 "Model": _MODEL,
                 "ListModelsResponse": {
                     "type": "object",

@@ -86,6 +86,8 @@ def error_of(response):
         ),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
         ({"messages": [{"role": "system", "content": "only a system prompt"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "messages"),
         ({"model": ""}, "model"),
         ({"max_tokens": 513}, "max_tokens"),  # above the free plan's reply limit (512)
         ({"max_completion_tokens": 100_000}, "max_completion_tokens"),
