@@ -84,7 +84,8 @@ class RenameIn(Schema):
 
 class ErrorOut(Schema):
     """``{"detail": "..."}``: 400 (refused input, e.g. an empty title or text PostgreSQL cannot store), 401
-    (no or a wrong API key / session), 404 (no such conversation, or someone else's)."""
+    (no or a wrong API key / session), 404 (no such conversation, or someone else's), 503 (the database is
+    briefly unavailable; retry after ``Retry-After`` seconds)."""
 
     detail: str
 
@@ -95,8 +96,9 @@ class ValidationErrorOut(Schema):
     detail: list[dict[str, Any]]
 
 
-#: Error answers every operation declares (django-ninja's shapes; 400 also from chatsite.input_guard).
-ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut}
+#: Error answers every operation declares (django-ninja's shapes; 400 also from chatsite.input_guard, 503
+#: with Retry-After from chatsite.outage_pages while the database is unreachable).
+ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut, 503: ErrorOut}
 ConversationId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 

@@ -33,6 +33,10 @@ def _error(description: str, *, headers: dict | None = None) -> dict:
 _RETRY_AFTER = {
     "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "string"}}
 }
+_UNAVAILABLE = _error(
+    "The database is briefly unavailable (`unavailable`); retry after `Retry-After` seconds.",
+    headers=_RETRY_AFTER,
+)
 _UNAUTHORIZED = _error("No API key, or an unknown or revoked one (`invalid_api_key`).")
 _BAD_REQUEST = _error(
     "The request was refused before anything was stored: the parameter named in `error.param` is missing, of "
@@ -357,7 +361,9 @@ def openapi_document() -> dict:
                         "description": "A list of model objects.",
                         "content": {JSON: {"schema": _ref("ListModelsResponse")}},
                     },
+                    "400": _BAD_REQUEST,
                     "401": _UNAUTHORIZED,
+                    "503": _UNAVAILABLE,
                 },
             }
         },
@@ -373,6 +379,7 @@ def openapi_document() -> dict:
                     "400": _BAD_REQUEST,
                     "401": _UNAUTHORIZED,
                     "404": _error("No such model for your plan (`model_not_found`)."),
+                    "503": _UNAVAILABLE,
                 },
             }
         },
@@ -395,6 +402,7 @@ def openapi_document() -> dict:
                     "401": _UNAUTHORIZED,
                     "404": _error("The named moderation model is not served (`model_not_found`)."),
                     "429": _error("Rate limit reached.", headers=_RETRY_AFTER),
+                    "503": _UNAVAILABLE,
                 },
             }
         }

@@ -52,6 +52,7 @@ MIDDLEWARE = [
     "chatsite.static_files.AsyncWhiteNoiseMiddleware",  # WhiteNoise, async-capable: the chain stays async
     "chatsite.content_security.AsyncCSPMiddleware",  # Content-Security-Policy on every page (issue 33)
     "chatsite.input_guard.input_guard_middleware",  # 400 for text PostgreSQL cannot store (issue 33)
+    "chatsite.outage_pages.DatabaseOutageMiddleware",  # 503 + Retry-After while PostgreSQL is down (issue 33)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
