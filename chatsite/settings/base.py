@@ -274,7 +274,9 @@ INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
 # Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
 _metrics_port = env("METRICS_WORKER_PORT", default="9101")
 METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
-METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="0.0.0.0")
+# Loopback unless configured: the endpoint has no authentication, so exposing it to other hosts (a Prometheus
+# elsewhere: METRICS_WORKER_ADDR=0.0.0.0 behind a firewall) is a deployment's explicit choice.
+METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="127.0.0.1")
 # Web /metrics: allowed with this bearer token, or from these networks (CIDR).
 METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")
 METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.1/32", "::1/128"])
