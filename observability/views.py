@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -16,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from inference import fleet
 from observability import health, metrics, refusals, selectors  # noqa: F401  (metrics: registers the web metrics)
+
+logger = logging.getLogger(__name__)
 
 
 @never_cache
@@ -33,7 +36,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
     checks = health.readiness()
     failing = [name for name, result in checks.items() if result != "ok"]
     body = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
-    return JsonResponse(body, status=503 if failing else 200)
+    response = JsonResponse(body, status=503 if failing else 200)
+    if failing:
+        # "Not ready (yet)" is the probe's answer, e.g. while the first worker loads its model, not a server
+        # error: logged at INFO here instead of django.request's ERROR line for every 5xx.
+        logger.info("not ready: %s", ", ".join(f"{name} ({checks[name]})" for name in failing))
+        response._has_been_logged = True
+    return response
 
 
 def metrics_allowed(request: HttpRequest) -> bool:
