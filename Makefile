@@ -25,4 +25,4 @@ test: install
 	@scripts/test.sh $(ARGS)
 
 bench: install
-	$(VENV)/python -m inference.bench
+	$(VENV)/python -m devtools.bench

@@ -15,7 +15,7 @@ from channels.auth import AuthMiddleware
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.contrib.auth.models import AnonymousUser
 
-from conversations.outages import DB_OUTAGE_ERRORS
+from database.outages import DB_OUTAGE_ERRORS
 
 logger = logging.getLogger(__name__)
 

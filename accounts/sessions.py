@@ -1,7 +1,7 @@
 """Sessions that really end: log-out, a password change, deactivation or deletion close the user's open
 WebSockets, and a socket whose session is no longer valid refuses further frames.
 
-The closing goes through the per-user channel-layer group (``conversations.broadcast.user_group``): every
+The closing goes through the per-user channel-layer group (``events.broadcast.user_group``): every
 change below publishes ``{"type": "session_ended", "reason": ...}`` to it after commit. Each socket then
 closes (4401) as :func:`end_sessions` says: log-out closes that session's sockets (other browsers stay
 signed in), a password change closes those whose session it invalidated (:func:`session_is_current`), a
@@ -21,7 +21,7 @@ from django.db.models.signals import post_delete, pre_save
 from django.dispatch import receiver
 from django.utils.crypto import constant_time_compare
 
-from conversations import broadcast
+from events import broadcast
 
 logger = logging.getLogger(__name__)
 

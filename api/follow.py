@@ -14,10 +14,10 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from api.dbconn import close_request_connections
-from conversations import broadcast
 from conversations.completions import completion_cancel
 from conversations.models import Message
+from database.connections import close_request_connections
+from events import broadcast
 from observability.logs import log_context
 
 logger = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from ninja.security import django_auth
 from pydantic import model_validator
 
 from api.auth import ApiKeyBearer
-from api.dbconn import closes_connections
 from conversations.selectors import conversation_get_for_user, conversation_page_for_user, message_page
 from conversations.services import conversation_delete, conversation_rename
+from database.connections import closes_connections
 
 MAX_PER_PAGE = 100
 #: Ids are PostgreSQL ``bigint`` keys; a larger number is a 422, not a database error.

@@ -24,7 +24,6 @@ from django.views.decorators.http import require_GET, require_POST
 from api import chunks
 from api.auth import user_for_request
 from api.chat_request import ChatRequest, check_reply_limit, parse_chat_request
-from api.dbconn import close_request_connections
 from api.errors import (
     ApiError,
     completion_failed,
@@ -36,10 +35,11 @@ from api.errors import (
 from api.follow import ReplyLost, ReplySubscription, reply_frames
 from api.openapi_v1 import openapi_document
 from api.streaming import CompletionStream
-from conversations import broadcast
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
 from conversations.models import Message
+from database.connections import close_request_connections
+from events import broadcast
 from inference.registry import models_for_tier
 from observability.logs import log_context
 
@@ -108,7 +108,7 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
 
 
 async def _close_db() -> None:
-    """Close this request's database connections (see api/dbconn.py)."""
+    """Close this request's database connections (see database/connections.py)."""
     await sync_to_async(close_request_connections)()
 
 

@@ -24,7 +24,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import UnreadablePostError
 from django.template.loader import render_to_string
 
-from conversations.storable_text import first_unstorable, text_problem
+from database.storable_text import first_unstorable, text_problem
 
 logger = logging.getLogger(__name__)
 

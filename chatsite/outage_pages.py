@@ -1,7 +1,7 @@
 """HTTP answers while PostgreSQL is unreachable: 503 with ``Retry-After`` instead of a 500.
 
 A view that cannot reach the database raises ``OperationalError``/``InterfaceError``
-(``conversations.outages.DB_OUTAGE_ERRORS``); this middleware answers it as what it is, a short outage: a page
+(``database.outages.DB_OUTAGE_ERRORS``); this middleware answers it as what it is, a short outage: a page
 that says the service is briefly unavailable and reloads itself after ``Retry-After`` seconds (a
 ``<meta http-equiv="refresh">``, which the Content-Security-Policy allows), OpenAI's error shape under
 ``/v1/`` (code ``unavailable``; OpenAI clients retry a 503 by themselves), ``{"detail": ...}`` under
@@ -19,7 +19,7 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.utils.deprecation import MiddlewareMixin
 
-from conversations.outages import DB_OUTAGE_ERRORS
+from database.outages import DB_OUTAGE_ERRORS
 
 logger = logging.getLogger(__name__)
 

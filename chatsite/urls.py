@@ -21,7 +21,7 @@ urlpatterns = [
     path("s/<str:token>/", share_view, name="share_view"),
     path("billing/", include("billing.urls")),
     path("admin/", admin.site.urls),
-    path("", include("observability.urls")),  # /healthz /readyz /metrics /ops/fleet/
+    path("", include("operations.urls")),  # /healthz /readyz /metrics /ops/fleet/
     # OpenAI-compatible API, history JSON API and the API keys page (issue 10)
     path("v1/", include((v1_urlpatterns, "v1"))),
     path("api/", history_urls),

@@ -31,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 
 from conversations import branches
 from conversations.models import Conversation, Message
-from conversations.storable_text import first_unstorable
+from database.storable_text import first_unstorable
 
 FORMAT = "chatsite.conversations"
 VERSION = 1

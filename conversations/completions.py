@@ -5,7 +5,7 @@ Celery task and engine, same :class:`~billing.models.UsageRecord` ledger.
 A completion is stored as a conversation holding the request's messages and one queued assistant reply
 carrying the request's sampling parameters (``Message.sampling``). Unless the request said ``store: true``
 the conversation has ``stored=False``: selectors hide it from history, and it is deleted once its reply ends
-(:func:`conversations.generations.generation_finish`), is cancelled before it started, or is reaped as
+(:func:`conversations.generation_worker.generation_finish`), is cancelled before it started, or is reaped as
 interrupted; usage stays.
 """
 
@@ -17,6 +17,7 @@ from django.db import transaction
 from conversations import generations
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
+from conversations.reply_dispatch import reply_admit, reply_dispatch
 from conversations.services import conversation_touch, message_create, title_from_content
 
 
@@ -53,7 +54,7 @@ def completion_request(
     load_gate(tier=user.tier, model_name=routed)
     with transaction.atomic():
         # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
-        admission = generations._admit(
+        admission = reply_admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages]),
             model_name=routed,
@@ -83,7 +84,7 @@ def completion_request(
         conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)
-        generations._dispatch(reply)
+        reply_dispatch(message=reply)
     return reply
 
 

@@ -13,7 +13,6 @@ import functools
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import redis
 from channels.consumer import get_handler_name
@@ -22,26 +21,27 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import Http404
-from pydantic import ValidationError
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import admission, broadcast, generations, load, load_warmer
+from conversations import admission, generations, load, load_warmer, refusals
 from conversations.admission import AdmissionRefused
-from conversations.db_calls import db_call
 from conversations.protocol import (
     ContinueFrame,
     EditFrame,
+    FrameBucket,
     FrameRejected,
     RegenerateFrame,
     ResumeFrame,
     SendFrame,
     StopFrame,
-    decode_text_frame,
-    parse_client_frame,
+    parse_text_frame,
 )
+from conversations.reply_stream import CaughtUp, ReplyStreamMixin
 from conversations.selectors import message_get_for_user
-from observability import metrics, refusals, tracing
+from database.connections import db_call
+from events import broadcast
+from observability import metrics, tracing
 from observability.logs import log_context, new_request_id
 
 logger = logging.getLogger(__name__)
@@ -53,52 +53,7 @@ CLOSE_TRY_AGAIN_LATER = 1013
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
-class FrameBucket:
-    """Token bucket limiting one socket's frames: ``rate`` frames/s sustained, ``burst`` at once.
-    ``take()`` returns 0.0 when a frame may pass, else the seconds until one may."""
-
-    def __init__(self, *, rate: float, burst: int, clock=time.monotonic):
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens = float(burst)
-        self.stamp = clock()
-
-    def take(self) -> float:
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-
-@dataclass
-class CaughtUp:
-    """What a catch-up (:meth:`ChatConsumer.send_state` for a reply this socket had just joined the group
-    of) sent of the reply: ``started`` and the tokens up to ``last_seq``, or its ``done`` frame. The live
-    frames published between the join and the catch-up's read are still on their way to this socket and
-    :meth:`covers` tells which of them it already has.
-
-    A reply is claimed once (``generation_start``: ``queued -> streaming``, and nothing moves it back; the
-    reaper re-dispatches only replies never claimed, and a redelivered task finds its reply claimed and
-    skips it), so it has one ``started`` and one run of seqs 0, 1, 2, ...: a live ``started`` after the
-    catch-up's is the same one, never a restart."""
-
-    last_seq: int = -1
-    done: dict | None = None
-
-    def covers(self, frame: dict) -> bool:
-        """Whether this socket already got live ``frame`` (of the same reply) from the catch-up."""
-        if self.done is not None:
-            # The stored end holds everything published before it; only a later state is new (a worker
-            # the reaper took for dead finishing an ``interrupted`` reply after all).
-            return frame["type"] != "done" or frame == self.done
-        if frame["type"] == "started":
-            return True
-        return frame["type"] == "token" and frame["seq"] <= self.last_seq
-
-
-class ChatConsumer(AsyncJsonWebsocketConsumer):
+class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
     """``/ws/chat/``: one per browser tab. Frames in ``docs/websocket-protocol.md``; anonymous sockets are
     accepted and closed with 4401 so the page stops reconnecting."""
 
@@ -206,16 +161,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("invalid_request", "Frames must be JSON text.")
             return
         try:
-            frame = parse_client_frame(decode_text_frame(text_data))
-        except FrameRejected as exc:
+            frame = parse_text_frame(text_data)
+        except FrameRejected as exc:  # the only refusal it raises, for any input (fuzzed in the unit layer)
             metrics.observe_ws_frame("in", None)
             await self.send_error(exc.code, str(exc))
-            return
-        except ValidationError as exc:
-            metrics.observe_ws_frame("in", None)
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "frame"
-            await self.send_error("invalid_request", f"Invalid frame: {where}: {error['msg']}")
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
         try:
@@ -351,7 +300,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     def count_gate_refusal(self, exc: AdmissionRefused) -> None:
         """Count a refusal decided at this consumer's gate as the service counts its own
         (``admission_rejections_total`` by tier and reason, and the staff page's per-minute counts), with no
-        Redis round trip on the event loop (:func:`observability.refusals.refusal_note`)."""
+        Redis round trip on the event loop (:func:`conversations.refusals.refusal_note`)."""
         tier = self.user.tier.name
         metrics.observe_admission(tier=tier, refused_code=exc.code)
         refusals.refusal_note(tier=tier, reason=exc.code)
@@ -397,91 +346,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.watch(frame.message_id)
         message = await db_call(generations.reply_for_resume)(user=self.user, message_id=frame.message_id)
         await self.send_state(message, after_seq=frame.after_seq)
-
-    async def send_state(self, message, *, after_seq: int) -> CaughtUp | None:
-        """Bring the page up to date on ``message``: ``done`` when finished, ``queued`` when waiting, else
-        ``started`` and the tokens with ``seq > after_seq`` from the replay stream. Returns what it sent of
-        the reply's stream (None for a queued reply)."""
-        if not message.is_active:
-            done = broadcast.frame_done(message=message)
-            await self.send_reply_frame(done)
-            return CaughtUp(done=done)
-        if message.status == message.Status.QUEUED:
-            position = await db_call(generations.queue_position)(message=message)
-            await self.send_json(
-                broadcast.frame_queued(message=message, user_message_id=None, position=position)
-            )
-            return None
-        await self.send_reply_frame(
-            broadcast.frame_started(message_id=message.id, omitted_messages=message.omitted_messages)
-        )
-        sent = CaughtUp(last_seq=after_seq)
-        for token in await broadcast.replay_tokens(message.id, after_seq=after_seq):
-            await self.send_reply_frame(token)
-            sent.last_seq = token["seq"]
-        return sent
-
-    async def watch_ticket(self, ticket: "generations.ReplyTicket"):
-        """Follow the reply of an admitted ``send``/``regenerate``/``edit``/``continue``: join its group,
-        answer ``queued``, then catch up on what was published before the join."""
-        message = ticket.message
-        if not ticket.duplicate:  # a resend stored nothing, so published nothing
-            self.own_changes[message.conversation_id] += 1
-        await self.watch(message.id)
-        frame = await db_call(broadcast.frame_queued)(
-            message=message,
-            user_message_id=ticket.user_message_id,
-            position=ticket.position,
-            notice=ticket.notice,
-        )
-        await self.send_json(frame)
-        # The task was dispatched when the service committed, before this socket joined the group: a fast
-        # worker may already have sent started and tokens (or done), which never reach this socket live; a
-        # resend's reply may have ended long ago. One Redis read tells, without the database, when nothing
-        # was missed (the common case).
-        if message.status != message.Status.QUEUED or await broadcast.reply_progressed(message.id):
-            await self.catch_up(message.id)
-
-    async def catch_up(self, message_id: int):
-        """Send what this socket, which has joined the reply's group, missed of ``message_id`` (what
-        ``resume`` from seq -1 sends: ``started`` and the replayed tokens, or ``done``), and remember it so
-        that :meth:`chat_frame` drops the live frames it covered."""
-        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=message_id)
-        if message.status != message.Status.QUEUED:
-            self.caught_up[message_id] = await self.send_state(message, after_seq=-1)
-
-    async def watch(self, message_id: int):
-        if message_id not in self.watching:
-            await self.channel_layer.group_add(broadcast.message_group(message_id), self.channel_name)
-            self.watching.add(message_id)
-
-    async def chat_frame(self, event):
-        """Channel-layer handler: forward a published frame to the browser, unless a catch-up already sent
-        it (see :class:`CaughtUp`)."""
-        if self.ended:
-            return
-        frame = event["frame"]
-        caught_up = self.caught_up.get(frame.get("message_id"))
-        if caught_up is not None and caught_up.covers(frame):
-            return
-        await self.send_reply_frame(frame)
-
-    async def send_reply_frame(self, frame):
-        """Send a frame of a reply's stream (``started``, ``token``, ``done``), live or replayed."""
-        await self.send_json(frame)
-        self.observe_overhead(frame)
-
-    def observe_overhead(self, frame):
-        """Pipeline overhead = client-visible TTFT (send frame in -> first token frame out on this socket)
-        minus the engine's TTFT, which the done frame brings."""
-        message_id = frame.get("message_id")
-        if frame.get("type") == "token" and message_id in self.sent_at:
-            self.client_ttft[message_id] = time.perf_counter() - self.sent_at.pop(message_id)
-        elif frame.get("type") == "done":
-            self.sent_at.pop(message_id, None)
-            client_ttft = self.client_ttft.pop(message_id, None)
-            if client_ttft is not None and frame.get("ttft_ms") is not None:
-                metrics.PIPELINE_OVERHEAD.observe(max(0.0, client_ttft - frame["ttft_ms"] / 1000))
 
     async def send_json(self, content, close=False):
         metrics.observe_ws_frame("out", content)

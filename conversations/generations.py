@@ -1,37 +1,28 @@
-"""The life of a generated reply, from the user's request to its final stored text.
+"""The life of a generated reply on the web side, from the user's request to a queued reply.
 
-Web side: :func:`reply_request`, :func:`reply_regenerate`, :func:`reply_edit`, :func:`reply_continue`,
-:func:`reply_cancel` (called by the consumer). Regenerate and edit add branches (``conversations.branches``).
-Worker side: :func:`generation_start`, :func:`generation_history`, :func:`generation_set_context`,
-:func:`generation_finish` (called by ``inference/adapter.py``) and :func:`generations_reap_interrupted`.
+:func:`reply_request`, :func:`reply_regenerate`, :func:`reply_edit`, :func:`reply_continue`,
+:func:`reply_cancel`, :func:`reply_for_resume` (called by the consumer). Regenerate and edit add branches
+(``conversations.branches``). Admission and dispatch: ``conversations/reply_dispatch.py``; the worker side
+(claim, context, final write): ``conversations/generation_worker.py``; the reaper:
+``conversations/reaper.py``.
 
 An assistant message moves ``queued -> streaming -> completed | cancelled | failed | interrupted``. Its
-text is written once, by :func:`generation_finish`; conditional UPDATEs (``WHERE status = ...``) settle
-races between Stop, the worker and the reaper without locks held across a generation.
+text is written once, by ``generation_worker.generation_finish``; conditional UPDATEs (``WHERE status =
+...``) settle races between Stop, the worker and the reaper without locks held across a generation.
 """
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.quota import quota_settle
-from billing.services import usage_record_create
-from conversations import branches, broadcast, token_budget
-from conversations.admission import (
-    Admission,
-    AdmissionRefused,
-    admission_check,
-    load_gate,
-    model_choice,
-    prompt_tokens_upper_bound,
-)
+from conversations import token_budget
+from conversations.admission import Admission, load_gate, model_choice, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
+from conversations.reaper import generations_reap_interrupted
+from conversations.reply_dispatch import queue_position, reply_admit, reply_dispatch
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import (
     conversation_create,
@@ -39,11 +30,9 @@ from conversations.services import (
     message_create,
     title_from_content,
 )
-from inference.registry import declare_queue, models_for_tier, queue_for, task_priority
+from events import broadcast
+from inference.registry import models_for_tier
 from observability import tracing
-from observability.logs import current_field
-
-GENERATE_TASK = "inference.generate_reply"
 
 
 class GenerationError(Exception):
@@ -82,63 +71,6 @@ def _notice(admission: Admission) -> str:
     return f"The service is busy, so this reply comes from the lighter model {admission.model_name}."
 
 
-def queue_position(*, message: Message) -> int:
-    """1-based place in line among queued replies for the same model (approximate: replies of a higher tier
-    priority and older replies of the same priority are ahead, as in the broker's priority queue)."""
-    priority = message.conversation.owner.tier.queue_priority
-    ahead = Message.objects.filter(
-        role=Message.Role.ASSISTANT, status=Message.Status.QUEUED, model_name=message.model_name
-    )
-    return (
-        ahead.filter(conversation__owner__tier__queue_priority__gt=priority).count()
-        + ahead.filter(conversation__owner__tier__queue_priority=priority, id__lte=message.id).count()
-    )
-
-
-def _dispatch(message: Message) -> None:
-    """Send the generation task after commit to the model's queue with the tier's priority; under a
-    blue-green rollout the reply is pinned to a version's queue and records that version."""
-    from observability.rollout import route_for
-
-    if message.model_version:  # a re-dispatch keeps the version the reply was pinned to
-        queue, version = declare_queue(queue_for(message.model_name, message.model_version)), ""
-    else:
-        queue, version = route_for(
-            model_name=message.model_name, message_id=message.id, default_queue=queue_for(message.model_name)
-        )
-    if version:
-        message.model_version = version
-        message.save(update_fields=["model_version", "updated_at"])
-    priority = task_priority(message.conversation.owner.tier.queue_priority)
-    # The web request's id rides in the task headers so the worker's log lines carry it too.
-    headers = {"request_id": current_field("request_id")}
-    transaction.on_commit(
-        lambda: current_app.send_task(
-            GENERATE_TASK, args=[message.id], queue=queue, priority=priority, headers=headers
-        )
-    )
-
-
-def _admit(*, user, prompt_tokens_bound: int | None = None, model_name: str | None = None) -> Admission:
-    """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals).
-    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply);
-    ``model_name`` is the model a client named (the API), see ``admission.route``."""
-    from observability import metrics, refusals, tracing
-
-    tier = user.tier.name
-    with tracing.span("admission", tier=tier):
-        try:
-            admission = admission_check(
-                user=user, prompt_tokens_bound=prompt_tokens_bound, model_name=model_name
-            )
-        except AdmissionRefused as exc:
-            metrics.observe_admission(tier=tier, refused_code=exc.code)
-            refusals.refusal_record(tier=tier, reason=exc.code)
-            raise
-    metrics.observe_admission(tier=tier)
-    return admission
-
-
 def _chosen_model(*, user, conversation: Conversation, model: str | None) -> str:
     """The model for a reply in ``conversation``: ``model`` from the frame when given (validated against
     the tier's models, then remembered on the conversation; "" = the tier's routing), else the
@@ -172,7 +104,7 @@ def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admi
         parent=parent,
     )
     admission.attach(message)
-    _dispatch(message)
+    reply_dispatch(message=message)
     # Every other tab of the user shows the new branch (tab sync through the per-user group).
     broadcast.publish_to_user_on_commit(
         conversation.owner_id,
@@ -253,7 +185,7 @@ def reply_request(
                 conversation = conversation_create(
                     owner=user, title=title_from_content(content), client_id=client_id
                 )
-            admission = _admit(
+            admission = reply_admit(
                 user=user,
                 prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
@@ -290,7 +222,7 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
         parent = newest if newest.role == Message.Role.USER else newest.parent
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
-        admission = _admit(
+        admission = reply_admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
@@ -314,7 +246,7 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
         conversation = original.conversation
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
         _refuse_if_busy(conversation)
-        admission = _admit(
+        admission = reply_admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
@@ -342,7 +274,7 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             )
         if conversation.active_leaf_id != cut.pk:
             raise GenerationError("invalid_request", "Only the last reply can be continued.")
-        admission = _admit(
+        admission = reply_admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
             model_name=_chosen_model(user=user, conversation=conversation, model=None),
@@ -375,173 +307,3 @@ def reply_for_resume(*, user, message_id: int) -> Message:
         if generations_reap_interrupted(message_ids=[message.id], recheck_s=broadcast.LEASE_RECHECK_S):
             message.refresh_from_db()
     return message
-
-
-# --- worker side ---------------------------------------------------------------------------------------------
-
-
-def generation_start(*, message_id: int, trace_id: str = "", model_version: str = "") -> Message | None:
-    """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
-    version of the worker that generates it. None when it is no longer queued (cancelled meanwhile, or a
-    redelivered task whose reply already ended)."""
-    claimed = Message.objects.filter(pk=message_id, status=Message.Status.QUEUED).update(
-        status=Message.Status.STREAMING,
-        updated_at=timezone.now(),
-        trace_id=trace_id,
-        model_version=model_version,
-    )
-    if not claimed:
-        return None
-    return Message.objects.select_related("conversation__owner__tier").get(pk=message_id)
-
-
-def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
-    """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
-    are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,
-    cancelled before any token) are left out."""
-    earlier = branches.ancestors(message=message)
-    turns = [
-        {"role": m.role, "content": m.content}
-        for m in earlier
-        if m.content and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
-    ]
-    return message.conversation.system_prompt, turns
-
-
-def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
-    """Record how many older turns the window left out and the prompt's size in tokens."""
-    message.omitted_messages = omitted
-    message.prompt_tokens = prompt_tokens
-    message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])
-
-
-def _storable(text: str) -> str:
-    """Generated ``text`` as PostgreSQL can store it: a model may sample a token that decodes to NUL
-    (byte-fallback vocabularies do), which a text column refuses and which would lose the whole reply;
-    it is stored as U+FFFD, the replacement character. (User input with NUL is refused at the door.)"""
-    return text.replace("\x00", "\ufffd")
-
-
-def generation_finish(
-    *,
-    message: Message,
-    status: str,
-    text: str,
-    finish_reason: str = "",
-    prompt_tokens: int = 0,
-    completion_tokens: int = 0,
-    ttft_ms: int | None = None,
-    duration_ms: int | None = None,
-    error: str = "",
-) -> Message:
-    """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
-    Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message."""
-    with transaction.atomic():
-        updated = Message.objects.filter(
-            pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
-        ).update(
-            status=status,
-            content=_storable(text),
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            ttft_ms=ttft_ms,
-            duration_ms=duration_ms,
-            error=error,
-            updated_at=timezone.now(),
-        )
-        message.refresh_from_db()
-        if updated and (prompt_tokens or completion_tokens):
-            usage_record_create(
-                user=message.conversation.owner,
-                message=message,
-                model_name=message.model_name,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-            )
-        if updated:  # release the quota reserved at admission; charge the real count
-            quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
-        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
-        if updated and not message.conversation.stored:
-            # An API completion without ``store: true`` (conversations/completions.py): the done frame above
-            # carries its result; the usage record stays, its message link cleared.
-            message.conversation.delete()
-    return message
-
-
-def generations_reap_interrupted(
-    *,
-    is_alive: Callable[[int], bool] = broadcast.lease_alive,
-    grace_s: float = broadcast.LEASE_TTL_S,
-    message_ids: list[int] | None = None,
-    recheck_s: float = 0.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> list[int]:
-    """Mark ``streaming`` replies whose worker is gone (``is_alive(message_id)`` False, e.g. its lease key
-    expired after a SIGKILL) and that have not changed for ``grace_s`` seconds as ``interrupted``, keeping
-    the text streamed so far, and tell watching browsers. ``message_ids`` limits the scan. With
-    ``recheck_s`` (``broadcast.LEASE_RECHECK_S`` for the reapers) a reply counts as orphaned only if its
-    lease is still missing that many seconds later, so a Redis restart (which loses every lease until the
-    heartbeats put them back) does not interrupt live generations. Returns the ids marked."""
-    cutoff = timezone.now() - timedelta(seconds=grace_s)
-    candidates = Message.objects.filter(status=Message.Status.STREAMING, updated_at__lt=cutoff)
-    if message_ids is not None:
-        candidates = candidates.filter(pk__in=message_ids)
-    orphaned = [
-        message_id for message_id in candidates.values_list("id", flat=True) if not is_alive(message_id)
-    ]
-    if orphaned and recheck_s > 0:
-        sleep(recheck_s)
-        orphaned = [message_id for message_id in orphaned if not is_alive(message_id)]
-    reaped = []
-    for message_id in orphaned:
-        with transaction.atomic():
-            if Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
-                status=Message.Status.INTERRUPTED,
-                content=_storable(broadcast.stream_text(message_id)),
-                error="The worker generating this reply stopped. Retry to generate it again.",
-                updated_at=timezone.now(),
-            ):
-                message = Message.objects.select_related("conversation").get(pk=message_id)
-                # A reply our worker lost is not charged (its late finish, if any, charges the real count).
-                quota_settle(message=message, used_tokens=0)
-                broadcast.publish_on_commit(message_id, broadcast.frame_done(message=message))
-                if not message.conversation.stored:  # an unstored API completion: nothing to retry
-                    message.conversation.delete()
-                reaped.append(message_id)
-    return reaped
-
-
-def generations_redispatch_queued(*, after_s: float | None = None, limit: int = 500) -> list[int]:
-    """Dispatch again every ``queued`` reply that no broker message may deliver: one whose last dispatch
-    (``updated_at``) is at least ``after_s`` seconds (default ``settings.QUEUED_REDISPATCH_S``) and at
-    least half its age ago, so a reply waiting in a long queue is re-sent ever more rarely (O(log wait)
-    copies) while one lost with a dying worker is re-sent within ``after_s`` seconds.
-
-    At-least-once delivery made safe: a duplicate task finds the reply no longer ``queued`` and skips it,
-    since only one ``queued -> streaming`` claim (:func:`generation_start`) can succeed. Several reapers
-    (one per worker) may run at once; the conditional UPDATE of ``updated_at`` lets one of them win each
-    round. Returns the ids re-dispatched, oldest first."""
-    after_s = settings.QUEUED_REDISPATCH_S if after_s is None else after_s
-    now = timezone.now()
-    candidates = (
-        Message.objects.filter(
-            role=Message.Role.ASSISTANT,
-            status=Message.Status.QUEUED,
-            updated_at__lte=now - timedelta(seconds=after_s),
-        )
-        .order_by("id")
-        .values_list("id", "created_at", "updated_at")[:limit]
-    )
-    redispatched = []
-    for message_id, created_at, updated_at in candidates:
-        if now - updated_at < (now - created_at) / 2:
-            continue
-        with transaction.atomic():
-            if not Message.objects.filter(
-                pk=message_id, status=Message.Status.QUEUED, updated_at=updated_at
-            ).update(updated_at=now):
-                continue  # claimed, stopped, or re-dispatched by another reaper meanwhile
-            _dispatch(Message.objects.select_related("conversation__owner__tier").get(pk=message_id))
-        redispatched.append(message_id)
-    return redispatched

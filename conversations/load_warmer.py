@@ -25,7 +25,7 @@ from django.conf import settings
 
 from accounts.sessions import sessions_current
 from conversations import load
-from conversations.db_calls import db_call
+from database.connections import db_call
 
 logger = logging.getLogger(__name__)
 

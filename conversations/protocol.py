@@ -6,6 +6,7 @@ service: :data:`MAX_FRAME_BYTES` (checked on the raw text, before JSON parsing),
 """
 
 import json
+import time
 import uuid
 from typing import Annotated, Literal
 
@@ -166,6 +167,25 @@ def decode_text_frame(text: str) -> dict:
     if not isinstance(content, dict):
         raise FrameRejected("invalid_request", "Frames must be JSON objects.")
     return content
+
+
+class FrameBucket:
+    """Token bucket limiting one socket's frames: ``rate`` frames/s sustained, ``burst`` at once.
+    ``take()`` returns 0.0 when a frame may pass, else the seconds until one may."""
+
+    def __init__(self, *, rate: float, burst: int, clock=time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens = float(burst)
+        self.stamp = clock()
+
+    def take(self) -> float:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
 
 
 def parse_text_frame(text: str) -> AnyClientFrame:

@@ -46,7 +46,7 @@ def count_tokens(text: str, *, model_name: str) -> int:
 
 def prompt_budget_tokens(*, tier) -> int:
     """Tokens the newest turn (with the system prompt) may take: the same split the worker makes
-    (``inference.adapter``): the context limit minus the reply reservation."""
+    (``conversations.reply_runner``): the context limit minus the reply reservation."""
     spec = settings.INFERENCE_MODELS.get(tier.model_name, {})
     limit = min(tier.max_context_tokens, int(spec.get("context_length", tier.max_context_tokens)))
     return limit - min(tier.max_reply_tokens, limit // 2)

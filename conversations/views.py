@@ -9,7 +9,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
-from conversations import branches, broadcast, selectors, services, sharing, token_budget
+from conversations import branches, selectors, services, sharing, token_budget
+from events import broadcast
 from inference.registry import models_for_tier
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
-from conversations import broadcast
+from events import broadcast
 
 logger = logging.getLogger(__name__)
 

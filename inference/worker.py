@@ -7,8 +7,10 @@ host runs three small daemon threads:
 * a **cancel listener** (Redis pub/sub on ``broadcast.CANCEL_CHANNEL``) that cancels a local request the
   moment a user presses Stop, so its slot and KV cache are freed at the next engine step;
 * a **lease heartbeat** that keeps ``broadcast.lease_key(id)`` alive for every reply this process owns;
-* a **reaper** that marks replies whose lease vanished (their worker was killed) as ``interrupted`` and
-  re-dispatches queued replies no broker message may deliver;
+* a **reaper** that runs, every ``REAPER_INTERVAL_S``, the housekeeping hooks registered with
+  :func:`reaper_register` (``conversations.reaper``: mark replies whose lease vanished ``interrupted`` and
+  re-dispatch queued replies no broker message may deliver); the hooks live above this layer, so
+  ``inference`` never imports ``conversations``;
 * a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``),
   and again within a fraction of a second once a restarted Redis is back.
 """
@@ -20,13 +22,13 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from django.conf import settings
 from django.db import close_old_connections
 
-from conversations import broadcast
-from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
+from events import broadcast
 from inference import fleet
 from inference.engine import LLMEngine
 from inference.registry import engine_config, model_spec, model_version
@@ -51,7 +53,7 @@ class WorkerHost:
         self.queues = list(queues)
         self.started_at = time.time()
         self.draining = False
-        self.metrics_port = 0  # set by observability.workerops when the metrics endpoint is up
+        self.metrics_port = 0  # set by inference.workerops when the metrics endpoint is up
         self.node = ""  # Celery node name
         self._decode_samples: list[tuple[float, int]] = []
         # Tokens streamed by this process's replies: the decode rate's source until the engine counts them.
@@ -175,9 +177,13 @@ class WorkerHost:
         while not self._stop.wait(REAPER_INTERVAL_S):
             try:
                 close_old_connections()
-                reap_interrupted()
             except Exception:
-                logger.exception("reaper failed")
+                logger.exception("reaper could not close its database connections")
+            for hook in list(_reaper_hooks):
+                try:
+                    hook()
+                except Exception:
+                    logger.exception("reaper hook %s failed", getattr(hook, "__qualname__", hook))
 
 
 def _untraced(target):
@@ -191,20 +197,25 @@ def _untraced(target):
     return run
 
 
-def reap_interrupted(grace_s: float = LEASE_TTL_S) -> list[int]:
-    """Mark replies whose worker died as ``interrupted`` (see ``generations_reap_interrupted``), then
-    re-dispatch queued replies that no broker message may deliver (``generations_redispatch_queued``)."""
-    reaped = generations_reap_interrupted(grace_s=grace_s, recheck_s=broadcast.LEASE_RECHECK_S)
-    if reaped:
-        logger.warning("marked %d reply(ies) interrupted: %s", len(reaped), reaped)
-    redispatched = generations_redispatch_queued()
-    if redispatched:
-        logger.warning("re-dispatched %d queued reply(ies): %s", len(redispatched), redispatched)
-    return reaped
+_reaper_hooks: list[Callable[[], object]] = []
+
+
+def reaper_register(hook: Callable[[], object]) -> None:
+    """Run ``hook()`` (no arguments, result ignored, exceptions logged) on every worker host's reaper
+    thread every ``REAPER_INTERVAL_S`` seconds, after this thread's stale database connections are closed.
+    Registering the same hook twice runs it once."""
+    if hook not in _reaper_hooks:
+        _reaper_hooks.append(hook)
 
 
 _host: WorkerHost | None = None
 _host_lock = threading.Lock()
+
+
+def current_host() -> WorkerHost | None:
+    """This process's :class:`WorkerHost` if its engine was loaded (:func:`get_host`), else ``None``;
+    never loads one."""
+    return _host
 
 
 def get_host(*, queues: list[str] | None = None) -> WorkerHost:

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class ObservabilityConfig(AppConfig):
-    """Metrics, tracing, structured logs, health checks and fleet operations."""
+    """Metrics, tracing and structured logs. Imports no other app of the product."""
 
     name = "observability"
     default_auto_field = "django.db.models.BigAutoField"

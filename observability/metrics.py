@@ -8,7 +8,7 @@ request has one.
 Where the figures come from:
 
 * per-request histograms and counters: :func:`observe_token` / :func:`observe_finish`, called by
-  ``inference/adapter.py`` for each engine ``TokenEvent`` / ``FinishEvent`` (engine timings in ms);
+  ``conversations/reply_runner.py`` for each engine ``TokenEvent`` / ``FinishEvent`` (engine timings in ms);
 * gauges (running, waiting, KV cache use): :class:`EngineCollector`, which reads ``engine.load()`` at scrape
   time, so nothing is computed between scrapes;
 * per-step histograms (step duration, batch size, tokens per step by phase): :class:`StepMetrics`, a step
@@ -22,7 +22,7 @@ each (``METRICS_WORKER_PORT``; ``0`` picks a free port, published in the fleet s
 
 Web metrics (WebSocket connections and frames, admissions, API requests, SSE streams, pipeline overhead)
 live in the same default registry of each web process and are served at ``/metrics``
-(:mod:`observability.views`).
+(:mod:`operations.views`).
 """
 
 from __future__ import annotations
@@ -238,7 +238,8 @@ class ApiMetricsMiddleware:
 
 
 class ReplyTimer:
-    """Per-reply observer used by the adapter: ITL between deltas and the finish event's figures.
+    """Per-reply observer used by the reply runner (``conversations.reply_runner``): ITL between deltas and
+    the finish event's figures.
 
     ``model``/``tier`` are label values. Costs one ``perf_counter`` call and one histogram observation per
     delta (measured in the README's overhead figure)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Optional comparison system for `python -m inference.bench --systems vllm`: vLLM's CPU build in its own
+# Optional comparison system for `python -m devtools.bench --systems vllm`: vLLM's CPU build in its own
 # virtualenv (.venv-vllm, gitignored). Never part of requirements.txt or the test suite.
 # torch 2.13.0 comes from the local wheel in pip's find-links (/opt/wheels) so both systems run the same torch.
 set -euo pipefail

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from conversations.drills.processes import DrillWorker, child_env
+from devtools.drills.processes import DrillWorker, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def stack_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def worker_factory(django_db_setup, prepared_model, tmp_path_factory):
     """``worker_factory(name, queues, env=None)`` -> a ready
-    :class:`~conversations.drills.processes.DrillWorker` (``queues``: comma-separated; ``env``: extra
+    :class:`~devtools.drills.processes.DrillWorker` (``queues``: comma-separated; ``env``: extra
     environment variables); all are stopped at session end."""
     started = []
 

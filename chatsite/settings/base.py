@@ -39,6 +39,8 @@ INSTALLED_APPS = [
     "inference",
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
+    "devtools",  # benchmarks, load and overload runs, drills: management commands only
     # django-ninja's own templates and static files: the API docs page (/api/docs) served from this site
     # instead of a CDN, as the Content-Security-Policy requires.
     "ninja",

@@ -13,8 +13,9 @@ from dataclasses import asdict
 import pytest
 
 from billing.models import Tier
-from conversations import broadcast, services
+from conversations import services
 from conversations.models import Conversation, Message
+from events import broadcast
 from inference import fleet
 from tests.browser.conftest import axe_violations
 from tests.browser.helpers import seed_conversation, wait_last_assistant

@@ -33,7 +33,8 @@ def publish_worker(status, *, ttl_s: int = 300) -> None:
     """Publish ``status`` like a worker does, with a TTL long enough for a slow test."""
     import time
 
-    from conversations import broadcast, load
+    from conversations import load
+    from events import broadcast
     from inference import fleet
 
     status.updated_at = time.time()
@@ -42,7 +43,8 @@ def publish_worker(status, *, ttl_s: int = 300) -> None:
 
 
 def clear_fleet() -> None:
-    from conversations import broadcast, load
+    from conversations import load
+    from events import broadcast
     from inference import fleet
 
     client = broadcast.redis_client()

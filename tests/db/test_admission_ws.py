@@ -206,8 +206,7 @@ async def test_refusals_at_the_gate_are_counted_for_metrics_and_the_staff_page(
     """A refusal decided at the consumer's gate (from memory, or after a read) counts in
     ``admission_rejections_total`` and, within a second or so, in the staff page's per-minute counts, just as a
     refusal decided by the service does."""
-    from conversations import load
-    from observability import refusals
+    from conversations import load, refusals
 
     await database_sync_to_async(refusals.refusals_flush)()  # what earlier tests of this process noted
     counted = await database_sync_to_async(refusals.refusals_recent)(minutes=2)

@@ -22,7 +22,7 @@ from django.db import connection
 from billing.models import Tier
 from conversations import generations
 from conversations.models import Message
-from inference.adapter import run_generation
+from conversations.reply_runner import run_generation
 from inference.engine import LLMEngine
 from inference.registry import engine_config
 from inference.worker import WorkerHost

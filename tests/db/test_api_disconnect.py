@@ -11,9 +11,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
-from api.dbconn import closes_connections
 from api.services import api_key_create
 from conversations.models import Message
+from database.connections import closes_connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

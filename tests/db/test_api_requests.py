@@ -10,11 +10,11 @@ from django.db import transaction
 from api.services import api_key_create
 from billing.models import DailyQuota, Tier, UsageRecord
 from billing.quota import quota_day
-from conversations import generations
+from conversations import generation_worker, reaper
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_cancel, completion_request
 from conversations.models import Conversation, Message
-from inference.adapter import sampling_for
+from conversations.reply_runner import sampling_for
 from inference.registry import queue_for
 from tests.conftest import broker_take_headers
 
@@ -163,7 +163,7 @@ def test_request_id_is_the_request_id_of_its_log_records_and_of_the_generation_t
     reply = Message.objects.get(role="assistant", conversation__owner=alice)
     queued = [r for r in api_logs if r.getMessage().startswith("completion queued")]
     assert [(r.request_id, r.message_id, r.user_id) for r in queued] == [(request_id, reply.id, alice.pk)]
-    # The task carries it to the worker, whose log context for the reply takes it (inference/tasks.py).
+    # The task carries it to the worker, whose log context for the reply takes it (conversations/tasks.py).
     assert [h.get("request_id") for h in broker_take_headers(queue_for(MODEL))] == [request_id]
 
 
@@ -224,7 +224,7 @@ def test_completion_stores_messages_system_prompt_and_sampling_on_the_reply(alic
     ]
     reply.refresh_from_db()
     assert reply.status == "queued" and reply.sampling == sampling and reply.model_name == MODEL
-    system, turns = generations.generation_history(message=reply)
+    system, turns = generation_worker.generation_history(message=reply)
     assert system == "Be brief." and [t["content"] for t in turns] == ["Hello", "Hi!", "Again"]
 
 
@@ -237,8 +237,8 @@ def test_unstored_completion_is_hidden_from_history_and_deleted_when_finished_us
     assert [c["id"] for c in client.get("/api/conversations").json()["items"]] == [kept.id]
     assert client.get(f"/api/conversations/{hidden.conversation_id}").status_code == 404
 
-    started = generations.generation_start(message_id=hidden.id)
-    generations.generation_finish(
+    started = generation_worker.generation_start(message_id=hidden.id)
+    generation_worker.generation_finish(
         message=started,
         status="completed",
         text="Hello!",
@@ -344,7 +344,7 @@ def test_request_id_is_on_redirects_and_csrf_failures_too(alice):
 
 def test_reaped_unstored_completion_is_deleted(alice, redis_clean):
     reply = completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
-    generations.generation_start(message_id=reply.id)
-    reaped = generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=-1)
+    generation_worker.generation_start(message_id=reply.id)
+    reaped = reaper.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=-1)
     assert reaped == [reply.id]
     assert not Conversation.objects.filter(pk=reply.conversation_id).exists()

@@ -12,7 +12,7 @@ from django.db import connection
 
 from api.services import api_key_create
 from billing.models import Tier
-from conversations import generations
+from conversations import generation_worker
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
 from conversations.models import Message
@@ -59,9 +59,9 @@ def answering(alice):
             while not stop.is_set():
                 queued = Message.objects.filter(conversation__owner=alice, role="assistant", status="queued")
                 for reply_id in queued.values_list("id", flat=True):
-                    started = generations.generation_start(message_id=reply_id)
+                    started = generation_worker.generation_start(message_id=reply_id)
                     if started is not None:
-                        generations.generation_finish(
+                        generation_worker.generation_finish(
                             message=started,
                             status="completed",
                             text="Hi!",

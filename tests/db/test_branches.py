@@ -4,15 +4,17 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from conversations import branches, generations, selectors, services
+from conversations import branches, generation_worker, generations, selectors, services
 from conversations.models import Conversation, Message
 
 pytestmark = pytest.mark.django_db
 
 
 def finish(ticket, text):
-    message = generations.generation_start(message_id=ticket.message.id)
-    return generations.generation_finish(message=message, status="completed", text=text, finish_reason="stop")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    return generation_worker.generation_finish(
+        message=message, status="completed", text=text, finish_reason="stop"
+    )
 
 
 def path_contents(conversation):
@@ -72,19 +74,19 @@ def test_regenerate_adds_a_sibling_reply_and_context_follows_the_active_branch_o
     assert (page.messages[1].sibling_index, page.messages[1].sibling_count) == (2, 2)
 
     follow = generations.reply_request(user=alice, conversation_id=conversation.id, content="more")
-    _system, turns = generations.generation_history(message=follow.message)
+    _system, turns = generation_worker.generation_history(message=follow.message)
     assert [t["content"] for t in turns] == ["question", "answer two", "more"]  # never "answer one"
 
 
 def test_continue_follows_a_reply_cut_at_the_length_limit(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="long story")
-    message = generations.generation_start(message_id=ticket.message.id)
-    generations.generation_finish(
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_finish(
         message=message, status="completed", text="Once upon", finish_reason="length"
     )
     cont = generations.reply_continue(user=alice, message_id=message.id)
     assert cont.message.parent_id == message.id and cont.message.status == "queued"
-    _system, turns = generations.generation_history(message=cont.message)
+    _system, turns = generation_worker.generation_history(message=cont.message)
     assert turns[-1] == {"role": "assistant", "content": "Once upon"}
 
 

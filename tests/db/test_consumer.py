@@ -9,8 +9,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from conversations import broadcast, generations
+from conversations import generation_worker, generations
 from conversations.models import Message
+from events import broadcast
 from tests.sockets import connect, open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -96,7 +97,7 @@ async def test_resume_replays_missed_tokens_then_continues_live(session_cookie, 
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "Hi"})
     message_id = (await ws.receive_json_from())["message_id"]
     await ws.disconnect()  # the tab closes; generation goes on
-    await database_sync_to_async(generations.generation_start)(message_id=message_id)
+    await database_sync_to_async(generation_worker.generation_start)(message_id=message_id)
     for seq, text in enumerate(["a", "b", "c"]):
         await sync_to_async(broadcast.publish)(
             message_id, broadcast.frame_token(message_id=message_id, seq=seq, text=text)
@@ -117,8 +118,8 @@ async def test_resume_of_finished_reply_sends_done_from_the_database(session_coo
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "Hi"})
     message_id = (await ws.receive_json_from())["message_id"]
-    message = await database_sync_to_async(generations.generation_start)(message_id=message_id)
-    await database_sync_to_async(generations.generation_finish)(
+    message = await database_sync_to_async(generation_worker.generation_start)(message_id=message_id)
+    await database_sync_to_async(generation_worker.generation_finish)(
         message=message,
         status="completed",
         text="Done text",
@@ -183,7 +184,7 @@ async def test_resume_of_a_reply_whose_worker_died_answers_interrupted(session_c
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "Hi"})
     message_id = (await ws.receive_json_from())["message_id"]
     await ws.disconnect()
-    await database_sync_to_async(generations.generation_start)(message_id=message_id)
+    await database_sync_to_async(generation_worker.generation_start)(message_id=message_id)
     await sync_to_async(broadcast.publish)(
         message_id, broadcast.frame_token(message_id=message_id, seq=0, text="par")
     )

@@ -5,7 +5,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from conversations import generations
+from conversations import generation_worker
 from conversations.models import Message
 from tests.sockets import open_socket
 
@@ -19,8 +19,8 @@ def session_cookie(alice, client):
 
 
 def _finish(message_id, text, finish_reason="stop"):
-    message = generations.generation_start(message_id=message_id)
-    return generations.generation_finish(
+    message = generation_worker.generation_start(message_id=message_id)
+    return generation_worker.generation_finish(
         message=message, status="completed", text=text, finish_reason=finish_reason
     )
 

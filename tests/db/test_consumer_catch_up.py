@@ -4,7 +4,7 @@
 the task is dispatched when that service's transaction commits, so a fast worker may publish ``started``
 and the first tokens before the socket listens. The socket must still see ``queued``, ``started``, every
 token once in ``seq`` order and ``done``, whatever part of that was published before it joined. Here a
-"fast worker" does what ``inference/adapter.py`` does (claim, publish ``started`` and tokens) at the
+"fast worker" does what ``conversations/reply_runner.py`` does (claim, publish ``started`` and tokens) at the
 moment that exposes each case: inside the service call, or right after the join.
 """
 
@@ -15,9 +15,10 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from conversations import broadcast, generations
+from conversations import generation_worker, generations, reaper
 from conversations.consumers import ChatConsumer
 from conversations.models import Message
+from events import broadcast
 from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -33,14 +34,14 @@ def worker_streams(message_id: int, texts: list[str], *, first_seq: int = 0) -> 
     """What a worker does once it has the task: claim the reply (the first time), publish ``started``, then
     one token per text."""
     if first_seq == 0:
-        assert generations.generation_start(message_id=message_id) is not None
+        assert generation_worker.generation_start(message_id=message_id) is not None
         broadcast.publish(message_id, broadcast.frame_started(message_id=message_id))
     for seq, text in enumerate(texts, start=first_seq):
         broadcast.publish(message_id, broadcast.frame_token(message_id=message_id, seq=seq, text=text))
 
 
 def worker_finishes(message_id: int, text: str) -> Message:
-    return generations.generation_finish(
+    return generation_worker.generation_finish(
         message=Message.objects.get(pk=message_id),
         status=Message.Status.COMPLETED,
         text=text,
@@ -53,8 +54,8 @@ def worker_finishes(message_id: int, text: str) -> Message:
 def finished_reply(user, *, finish_reason: str = "stop") -> Message:
     """A conversation whose reply has finished: the starting point of regenerate, edit and continue."""
     ticket = generations.reply_request(user=user, conversation_id=None, content="Question")
-    generations.generation_start(message_id=ticket.message.id)
-    return generations.generation_finish(
+    generation_worker.generation_start(message_id=ticket.message.id)
+    return generation_worker.generation_finish(
         message=ticket.message, status="completed", text="Once upon", finish_reason=finish_reason
     )
 
@@ -190,7 +191,7 @@ async def test_a_later_done_than_the_caught_up_one_still_arrives(
     def stream_then_reaped(message_id):
         worker_streams(message_id, ["par"])
         Message.objects.filter(pk=message_id).update(updated_at=timezone.now() - timedelta(minutes=1))
-        assert generations.generations_reap_interrupted(message_ids=[message_id], is_alive=lambda _id: False)
+        assert reaper.generations_reap_interrupted(message_ids=[message_id], is_alive=lambda _id: False)
 
     worker_right_after_join(stream_then_reaped)
     ws = await open_socket(session_cookie)
@@ -220,7 +221,7 @@ async def test_a_reply_redispatched_after_a_worker_died_streams_live_in_full(ses
             created_at=timezone.now() - timedelta(minutes=2), updated_at=timezone.now() - timedelta(minutes=1)
         )
     )()
-    assert await database_sync_to_async(generations.generations_redispatch_queued)(after_s=30) == [message_id]
+    assert await database_sync_to_async(reaper.generations_redispatch_queued)(after_s=30) == [message_id]
     await database_sync_to_async(worker_streams)(message_id, ["x", "y"])
     await database_sync_to_async(worker_finishes)(message_id, "xy")
     frames = await receive_all(ws, 4)

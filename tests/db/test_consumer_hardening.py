@@ -1,5 +1,5 @@
 """Bad input over the real consumer (real PostgreSQL, Redis channel layer): every frame class of the
-hostile-frame table (``conversations.drills.hostile``, which the ``bad_input`` drill sends too) gets its
+hostile-frame table (``devtools.drills.hostile``, which the ``bad_input`` drill sends too) gets its
 documented answer, the socket stays usable and nothing stored changes; sessions that end close sockets;
 ``send`` with a ``client_id`` is idempotent."""
 
@@ -14,9 +14,9 @@ from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.test import Client
 
-from conversations import generations
-from conversations.drills.hostile import hostile_frames
+from conversations import generation_worker, generations
 from conversations.models import Conversation, Message
+from devtools.drills.hostile import hostile_frames
 from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -39,8 +39,10 @@ def snapshot():
 def world(alice, bob):
     """alice: a conversation with a completed reply; bob: a conversation whose reply is still queued."""
     ticket = generations.reply_request(user=alice, conversation_id=None, content="alice says hi")
-    reply = generations.generation_start(message_id=ticket.message.id)
-    generations.generation_finish(message=reply, status="completed", text="hello alice", finish_reason="stop")
+    reply = generation_worker.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_finish(
+        message=reply, status="completed", text="hello alice", finish_reason="stop"
+    )
     bob_ticket = generations.reply_request(user=bob, conversation_id=None, content="bob says hi")
     return {
         "alice_conversation": ticket.message.conversation_id,
@@ -124,8 +126,8 @@ async def test_resent_send_with_the_same_client_id_returns_the_stored_ticket(ali
     assert await database_sync_to_async(Conversation.objects.count)() == 1
     assert await database_sync_to_async(Message.objects.count)() == 2
     # Once the reply finished, a late resend gets the ticket and the final text, still storing nothing.
-    reply = await database_sync_to_async(generations.generation_start)(message_id=first["message_id"])
-    await database_sync_to_async(generations.generation_finish)(
+    reply = await database_sync_to_async(generation_worker.generation_start)(message_id=first["message_id"])
+    await database_sync_to_async(generation_worker.generation_finish)(
         message=reply, status="completed", text="answer", finish_reason="stop"
     )
     assert (await ws.receive_json_from(timeout=5))["type"] == "done"  # live: this socket watches the reply

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connections
 
 from conversations.consumers import CLOSE_TRY_AGAIN_LATER
-from conversations.drills.faults import database_cut, database_restore
+from devtools.drills.faults import database_cut, database_restore
 from tests.db.test_consumer_hardening import cookie_for
 from tests.live_stack import free_port
 from tests.sockets import connect

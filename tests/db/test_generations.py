@@ -4,10 +4,11 @@ import pytest
 
 from billing.models import DailyQuota, Tier, UsageRecord
 from billing.quota import quota_day
-from conversations import broadcast, generations, services
+from conversations import generation_worker, generations, reaper, services
 from conversations.admission import AdmissionRefused
 from conversations.models import Conversation, Message
 from conversations.selectors import ConversationNotFound
+from events import broadcast
 from tests.conftest import broker_take
 
 pytestmark = pytest.mark.django_db
@@ -92,12 +93,12 @@ def test_stop_of_queued_reply_cancels_it_and_worker_skips_it(alice, redis_clean)
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
     assert message.status == "cancelled" and message.finish_reason == "cancelled"
-    assert generations.generation_start(message_id=message.id) is None
+    assert generation_worker.generation_start(message_id=message.id) is None
 
 
 def test_stop_of_streaming_reply_asks_the_worker(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    generations.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_start(message_id=ticket.message.id)
     message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
     assert message.status == "streaming"
     assert broadcast.cancel_requested(message.id)
@@ -105,9 +106,9 @@ def test_stop_of_streaming_reply_asks_the_worker(alice, redis_clean):
 
 def test_finish_writes_once_and_records_usage(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.generation_start(message_id=ticket.message.id)
+    message = generation_worker.generation_start(message_id=ticket.message.id)
     assert message.status == "streaming"
-    generations.generation_finish(
+    generation_worker.generation_finish(
         message=message,
         status="completed",
         text="Hello!",
@@ -132,7 +133,7 @@ def test_finish_writes_once_and_records_usage(alice, redis_clean):
         3,
     )
     # A second finish (e.g. a redelivered task) changes nothing.
-    generations.generation_finish(message=message, status="failed", text="", error="late")
+    generation_worker.generation_finish(message=message, status="failed", text="", error="late")
     assert Message.objects.get(pk=message.pk).status == "completed"
     assert UsageRecord.objects.count() == 1
 
@@ -140,15 +141,17 @@ def test_finish_writes_once_and_records_usage(alice, redis_clean):
 def test_generated_nul_is_stored_as_a_replacement_character_not_lost(alice, redis_clean):
     # A model can sample a token that decodes to NUL; PostgreSQL text refuses it, which used to fail the write.
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.generation_start(message_id=ticket.message.id)
-    generations.generation_finish(message=message, status="completed", text="a\x00b", finish_reason="stop")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_finish(
+        message=message, status="completed", text="a\x00b", finish_reason="stop"
+    )
     stored = Message.objects.get(pk=message.pk)
     assert (stored.status, stored.content) == ("completed", "a\ufffdb")
 
     ticket = generations.reply_request(user=alice, conversation_id=stored.conversation_id, content="again")
-    message = generations.generation_start(message_id=ticket.message.id)
+    message = generation_worker.generation_start(message_id=ticket.message.id)
     broadcast.publish(message.id, broadcast.frame_token(message_id=message.id, seq=0, text="x\x00"))
-    assert generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
+    assert reaper.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
     stored = Message.objects.get(pk=message.pk)
     assert (stored.status, stored.content) == ("interrupted", "x\ufffd")
 
@@ -159,15 +162,15 @@ def test_history_excludes_empty_replies_and_later_messages(alice, redis_clean):
     services.message_create(conversation=conversation, role="assistant", content="", status="failed")
     services.message_create(conversation=conversation, role="user", content="q2")
     reply = services.message_create(conversation=conversation, role="assistant", content="", status="queued")
-    system, turns = generations.generation_history(message=reply)
+    system, turns = generation_worker.generation_history(message=reply)
     assert system == "Be brief."
     assert turns == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
 
 
 def test_regenerate_keeps_the_last_reply_as_a_sibling(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.generation_start(message_id=ticket.message.id)
-    generations.generation_finish(message=message, status="completed", text="old", finish_reason="stop")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_finish(message=message, status="completed", text="old", finish_reason="stop")
     new = generations.reply_regenerate(user=alice, conversation_id=message.conversation_id)
     old = Message.objects.get(pk=message.pk)
     assert old.content == "old"
@@ -200,11 +203,11 @@ def test_regenerate_refuses_while_reply_active(alice, redis_clean):
 
 def test_reaper_marks_orphaned_streaming_reply_interrupted_with_partial_text(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.generation_start(message_id=ticket.message.id)
+    message = generation_worker.generation_start(message_id=ticket.message.id)
     for seq, text in enumerate(["Hel", "lo"]):
         broadcast.publish(message.id, broadcast.frame_token(message_id=message.id, seq=seq, text=text))
-    assert generations.generations_reap_interrupted(is_alive=lambda _id: True, grace_s=0) == []
-    assert generations.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
+    assert reaper.generations_reap_interrupted(is_alive=lambda _id: True, grace_s=0) == []
+    assert reaper.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=0) == [message.id]
     stored = Message.objects.get(pk=message.pk)
     assert stored.status == "interrupted" and stored.content == "Hello" and stored.error
 
@@ -214,10 +217,10 @@ def test_reap_command_marks_only_replies_without_a_lease(alice, bob, redis_clean
 
     from django.core.management import call_command
 
-    orphan = generations.generation_start(
+    orphan = generation_worker.generation_start(
         message_id=generations.reply_request(user=alice, conversation_id=None, content="a").message.id
     )
-    owned = generations.generation_start(
+    owned = generation_worker.generation_start(
         message_id=generations.reply_request(user=bob, conversation_id=None, content="b").message.id
     )
     redis_clean.set(broadcast.lease_key(owned.id), "worker-1", ex=60)

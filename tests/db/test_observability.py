@@ -11,15 +11,15 @@ from django.core.management.base import CommandError
 from prometheus_client import REGISTRY
 
 from billing.models import Tier
-from conversations import generations, services
+from conversations import generations, refusals, services
 from conversations.admission import AdmissionRefused
 from conversations.models import Message
 from inference import fleet
+from inference.management.commands.drain import Command as Drain
+from inference.models import ModelRollout
 from inference.registry import queue_for
-from observability import health, refusals
-from observability.management.commands.drain import Command as Drain
-from observability.models import ModelRollout
-from observability.rollout import rollout_set, route_for, takes_candidate
+from inference.rollout import rollout_set, route_for, takes_candidate
+from operations import health
 from tests.conftest import broker_take
 
 pytestmark = pytest.mark.django_db
@@ -73,7 +73,7 @@ def test_readyz_not_ready_is_logged_at_info_not_as_an_error(client, redis_clean,
     with caplog.at_level(logging.DEBUG):
         assert client.get("/readyz").status_code == 503
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "observability.views"] == [
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "operations.views"] == [
         ("INFO", "not ready: workers (no worker with a ready engine)")
     ]
 

@@ -6,7 +6,7 @@ import pytest
 
 from conversations import generations
 from conversations.models import Conversation, Message
-from inference.adapter import run_generation
+from conversations.reply_runner import run_generation
 from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
 from tests.db.tiny_model import tiny_loaded_model

@@ -10,7 +10,7 @@ import sys
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from conversations.drills.processes import child_env
+from devtools.drills.processes import child_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,7 @@ from django.db import connection
 
 from billing.models import DailyQuota, QuotaGrant, QuotaReservation, Tier, UsageRecord
 from billing.quota import quota_day, quota_grant, quota_settle, quota_status
-from conversations import generations
+from conversations import generation_worker, generations, reaper
 from conversations.admission import AdmissionRefused
 from conversations.models import Message
 
@@ -69,8 +69,8 @@ def test_twenty_concurrent_requests_near_the_limit_never_pass_the_quota(make_use
 
     # Each reply ends using 150 of its 182 reserved tokens: the rest is released, usage stays under quota.
     for ticket in admitted:
-        message = generations.generation_start(message_id=ticket.message.id)
-        generations.generation_finish(
+        message = generation_worker.generation_start(message_id=ticket.message.id)
+        generation_worker.generation_finish(
             message=message, status="completed", text="ok", prompt_tokens=50, completion_tokens=100
         )
     row.refresh_from_db()
@@ -92,18 +92,18 @@ def test_cancel_of_a_queued_reply_releases_its_reservation(alice, redis_clean):
 @pytest.mark.django_db
 def test_failed_and_interrupted_replies_settle(alice, bob, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.generation_start(message_id=ticket.message.id)
-    generations.generation_finish(message=message, status="failed", text="", error="boom")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_finish(message=message, status="failed", text="", error="boom")
     assert (quota_status(user=alice).reserved, quota_status(user=alice).used) == (0, 0)
 
     ticket = generations.reply_request(user=bob, conversation_id=None, content="hi")
-    generations.generation_start(message_id=ticket.message.id)
+    generation_worker.generation_start(message_id=ticket.message.id)
     Message.objects.filter(pk=ticket.message.id).update(updated_at=datetime.now(UTC) - timedelta(minutes=5))
-    assert generations.generations_reap_interrupted(is_alive=lambda _: False) == [ticket.message.id]
+    assert reaper.generations_reap_interrupted(is_alive=lambda _: False) == [ticket.message.id]
     assert quota_status(user=bob).reserved == 0
     # The worker was only slow: its late finish charges the real count once.
     message = Message.objects.get(pk=ticket.message.id)
-    generations.generation_finish(
+    generation_worker.generation_finish(
         message=message, status="completed", text="late", prompt_tokens=10, completion_tokens=5
     )
     assert quota_status(user=bob).used == 15

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from conversations import generations
+from conversations import generation_worker, generations, reaper
 from conversations.models import Message
 
 pytestmark = pytest.mark.django_db
@@ -26,38 +26,38 @@ def test_a_reply_queued_too_long_is_dispatched_again_once_per_period(
     alice, redis_clean, django_capture_on_commit_callbacks
 ):
     fresh = queued_reply(alice)
-    assert generations.generations_redispatch_queued(after_s=20) == []
+    assert reaper.generations_redispatch_queued(after_s=20) == []
     Message.objects.filter(pk=fresh).update(status=Message.Status.CANCELLED)
     stale = queued_reply(alice, age_s=30, dispatched_s_ago=30)
     with django_capture_on_commit_callbacks(execute=False) as dispatched:
-        assert generations.generations_redispatch_queued(after_s=20) == [stale]
+        assert reaper.generations_redispatch_queued(after_s=20) == [stale]
     assert len(dispatched) == 1  # one task sent, on commit
     assert (timezone.now() - Message.objects.get(pk=stale).updated_at).total_seconds() < 5
-    assert generations.generations_redispatch_queued(after_s=20) == []  # not again within the period
+    assert reaper.generations_redispatch_queued(after_s=20) == []  # not again within the period
     assert Message.objects.get(pk=stale).status == Message.Status.QUEUED
 
 
 def test_a_long_waiting_reply_is_dispatched_again_ever_more_rarely(alice, redis_clean):
     waiting = queued_reply(alice, age_s=600, dispatched_s_ago=100)  # 100 s < half its age: leave it
-    assert generations.generations_redispatch_queued(after_s=20) == []
+    assert reaper.generations_redispatch_queued(after_s=20) == []
     Message.objects.filter(pk=waiting).update(updated_at=timezone.now() - timedelta(seconds=301))
-    assert generations.generations_redispatch_queued(after_s=20) == [waiting]
+    assert reaper.generations_redispatch_queued(after_s=20) == [waiting]
 
 
 def test_only_queued_replies_are_dispatched_again(alice, bob, redis_clean):
     streaming = queued_reply(alice, age_s=60, dispatched_s_ago=60)
-    generations.generation_start(message_id=streaming)
+    generation_worker.generation_start(message_id=streaming)
     Message.objects.filter(pk=streaming).update(updated_at=timezone.now() - timedelta(seconds=60))
     done = queued_reply(bob, age_s=60, dispatched_s_ago=60)
     Message.objects.filter(pk=done).update(status=Message.Status.COMPLETED)
-    assert generations.generations_redispatch_queued(after_s=20) == []
+    assert reaper.generations_redispatch_queued(after_s=20) == []
 
 
 def test_duplicate_deliveries_generate_once(alice, redis_clean):
     message_id = queued_reply(alice, age_s=60, dispatched_s_ago=60)
-    assert generations.generations_redispatch_queued(after_s=20) == [message_id]
+    assert reaper.generations_redispatch_queued(after_s=20) == [message_id]
     # The original message and the re-dispatched one both arrive: only one claim succeeds.
-    claims = [generations.generation_start(message_id=message_id) for _ in range(2)]
+    claims = [generation_worker.generation_start(message_id=message_id) for _ in range(2)]
     assert claims[0] is not None and claims[1] is None
     assert Message.objects.get(pk=message_id).status == Message.Status.STREAMING
 

@@ -1,5 +1,5 @@
 """A tiny random-weight Llama with the product's tokenizer and chat template, for database-layer tests that run
-the real engine and worker adapter (``inference.adapter.run_generation``) without loading real weights."""
+the real engine and worker adapter (``conversations.reply_runner.run_generation``) without loading real weights."""
 
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Fault drills as tests over real processes: daphne, Celery workers with the real model, PostgreSQL,
-Redis, RabbitMQ (``conversations/drills``; ``manage.py drills`` runs more trials of the same code).
+Redis, RabbitMQ (``devtools/drills``; ``manage.py drills`` runs more trials of the same code).
 
 Each drill's replies go to a model name of its own (an alias of the default weights registered in the test
 settings), whose broker queue only the drill's workers consume and announce, so the session's shared worker
@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from conversations.drills import faults
+from devtools.drills import faults
 from tests.live_stack import daphne_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from billing.models import Tier
 from conversations.models import Message
 from inference import fleet
-from observability.models import ModelRollout
+from inference.models import ModelRollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 MODEL = settings.INFERENCE_DEFAULT_MODEL

@@ -153,7 +153,8 @@ async def test_disconnect_and_resume_replays_and_continues(
 async def test_killed_worker_leaves_reply_interrupted_not_streaming(
     worker_factory, session_cookie, reply_tokens, redis_clean, settings
 ):
-    from inference.worker import LEASE_TTL_S, reap_interrupted
+    from conversations.reaper import reap_interrupted
+    from inference.worker import LEASE_TTL_S
     from tests.db.conftest import fake_worker, publish_worker
 
     # The victim alone serves a queue of its own, so it is certainly the one generating this reply: replies of

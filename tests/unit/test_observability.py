@@ -9,7 +9,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from inference.engine.engine import EngineLoad
 from observability import metrics
 from observability.logs import ChatsiteJsonFormatter, ContextFilter, log_context, logging_config
-from observability.selectors import percentile
+from operations.selectors import percentile
 
 
 def sample(name, labels=None):

@@ -1,7 +1,7 @@
 import pytest
 from django.db import IntegrityError, OperationalError
 
-from conversations.outages import with_db_retry
+from database.outages import with_db_retry
 
 
 class FakeTime:

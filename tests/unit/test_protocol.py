@@ -1,9 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from conversations.consumers import FrameBucket
 from conversations.protocol import (
     MAX_FRAME_BYTES,
+    FrameBucket,
     FrameRejected,
     ResumeFrame,
     SendFrame,

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conversations.protocol import MAX_ID, FrameRejected, parse_text_frame
-from conversations.storable_text import text_problem
+from database.storable_text import text_problem
 
 
 def fuzz(examples: int):

@@ -7,8 +7,8 @@ command is for when no worker is left running (run it from cron, or by hand afte
 
 from django.core.management.base import BaseCommand
 
-from conversations import broadcast
-from conversations.generations import generations_reap_interrupted, generations_redispatch_queued
+from conversations.reaper import generations_reap_interrupted, generations_redispatch_queued
+from events import broadcast
 
 
 class Command(BaseCommand):

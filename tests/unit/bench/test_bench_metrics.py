@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.bench.metrics import (
+from devtools.bench.metrics import (
     CpuInterference,
     RequestRecord,
     RssSampler,

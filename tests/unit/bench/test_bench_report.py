@@ -4,16 +4,16 @@ from collections import deque
 
 import pytest
 
-from inference.bench.hf_cb import num_blocks_for
-from inference.bench.report import (
+from devtools.bench.hf_cb import num_blocks_for
+from devtools.bench.report import (
     compute_ratios,
     format_ratios,
     format_table,
     interference_warning,
     token_agreement,
 )
-from inference.bench.static import collect_batch
-from inference.bench.workloads import Request
+from devtools.bench.static import collect_batch
+from devtools.bench.workloads import Request
 
 
 def req(rid, arrival, prompt_len=10, new=5):

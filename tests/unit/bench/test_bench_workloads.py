@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from inference.bench.workloads import (
+from devtools.bench.workloads import (
     CORPUS,
     RealisticParams,
     Request,

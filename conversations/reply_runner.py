@@ -1,0 +1,211 @@
+"""The thin adapter between the product and the engine: loads a reply's conversation, assembles its context,
+streams the engine's deltas through ``events.broadcast`` and persists the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+from django.conf import settings
+
+from conversations.context import ContextTooLong, assemble_context
+from conversations.generation_worker import (
+    generation_finish,
+    generation_history,
+    generation_set_context,
+    generation_start,
+)
+from conversations.models import Message
+from database.outages import DB_OUTAGE_ERRORS, with_db_retry
+from events import broadcast
+from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
+from inference.worker import WorkerHost, get_host
+from observability import tracing
+from observability.logs import log_context
+from observability.metrics import ReplyTimer
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
+
+STATUS_BY_FINISH = {
+    "stop": Message.Status.COMPLETED,
+    "length": Message.Status.COMPLETED,
+    "cancelled": Message.Status.CANCELLED,
+    "error": Message.Status.FAILED,
+}
+
+
+def sampling_for(*, max_new_tokens: int, overrides: dict | None = None) -> SamplingParams:
+    """Chat sampling defaults from settings (``INFERENCE_TEMPERATURE`` etc.) with the tier's reply limit.
+    ``overrides`` is an API request's ``Message.sampling`` (``temperature``, ``top_p``, ``stop``, ``seed``,
+    ``presence_penalty``, ``frequency_penalty``, ``max_tokens`` capped at ``max_new_tokens``); a request that
+    sets either OpenAI penalty gets no repetition penalty on top."""
+    overrides = dict(overrides or {})
+    if "max_tokens" in overrides:
+        max_new_tokens = max(1, min(int(overrides.pop("max_tokens")), max_new_tokens))
+    repetition_penalty = settings.INFERENCE_REPETITION_PENALTY
+    if "presence_penalty" in overrides or "frequency_penalty" in overrides:
+        repetition_penalty = 1.0
+    fields = {
+        "temperature": settings.INFERENCE_TEMPERATURE,
+        "top_p": settings.INFERENCE_TOP_P,
+        "repetition_penalty": repetition_penalty,
+        "max_new_tokens": max_new_tokens,
+    }
+    allowed = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty")
+    fields.update({name: value for name, value in overrides.items() if name in allowed})
+    return SamplingParams(**fields)
+
+
+def finish(*, message: Message, **fields) -> str:
+    """``generation_finish`` retried through a PostgreSQL outage of up to ``GENERATION_FINISH_RETRY_S``
+    seconds (``database.outages``); returns the stored status."""
+    return with_db_retry(
+        lambda: generation_finish(message=message, **fields), window_s=settings.GENERATION_FINISH_RETRY_S
+    ).status
+
+
+def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
+    """Generate, stream and store one queued reply. Returns the final status, or ``"skipped"`` when the
+    reply was no longer queued (stopped before it started, or a redelivered task).
+
+    A database outage before the claim raises (the task is retried, and the queued-reply reaper
+    re-dispatches it anyway); one after the claim ends the reply ``interrupted`` with the text streamed so
+    far, written once the database is back."""
+    host = host or get_host()
+    with log_context(message_id=message_id), tracing.span("generation", message_id=message_id):
+        message = generation_start(
+            message_id=message_id, trace_id=tracing.current_trace_id(), model_version=host.model_version
+        )
+        if message is None:
+            return "skipped"
+        return _run(host, message)
+
+
+def _run(host: WorkerHost, message: Message) -> str:
+    with log_context(user_id=message.conversation.owner_id), host.track(message.id) as request_id:
+        try:
+            return _generate(host, message, request_id)
+        except (ContextTooLong, EngineError) as exc:
+            return finish(message=message, status=Message.Status.FAILED, text="", error=str(exc))
+        except DB_OUTAGE_ERRORS:
+            logger.warning("database unavailable while generating message %s", message.id, exc_info=True)
+            return finish(
+                message=message,
+                status=Message.Status.INTERRUPTED,
+                text=_streamed_text(message.id),
+                error="The database was unavailable while generating this reply. Retry to generate it again.",
+            )
+        except Exception:
+            logger.exception("generation of message %s failed", message.id)
+            return finish(
+                message=message,
+                status=Message.Status.FAILED,
+                text=_streamed_text(message.id),
+                error="Internal error while generating.",
+            )
+
+
+def _streamed_text(message_id: int) -> str:
+    try:
+        return broadcast.stream_text(message_id)
+    except REDIS_ERRORS:
+        return ""
+
+
+def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
+    engine = host.engine
+    tier = message.conversation.owner.tier
+    with tracing.span("context.assembly"):
+        system_prompt, turns = generation_history(message=message)
+        context_limit = min(tier.max_context_tokens, engine.context_length)
+        max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
+        context = assemble_context(
+            system_prompt=system_prompt,
+            history=turns,
+            budget_tokens=context_limit - max_new_tokens,
+            tokenize=engine.render_chat,
+        )
+        generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+    broadcast.publish(
+        message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
+    )
+
+    timer = ReplyTimer(model=host.model_name, tier=tier.name)
+    submitted_ns = time.time_ns()
+    handle = engine.submit(
+        context.prompt_token_ids,
+        sampling_for(max_new_tokens=max_new_tokens, overrides=message.sampling),
+        priority=tier.queue_priority,
+        request_id=request_id,
+        # Per-user prefix-cache namespace: the next turn reuses this one's KV, and no other user's
+        # timing can reveal this user's text.
+        cache_salt=f"user:{message.conversation.owner_id}",
+    )
+    # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
+    if broadcast.cancel_requested(message.id):
+        handle.cancel()
+    final: FinishEvent | None = None
+    publish_failures = 0
+    with tracing.quiet():  # one Redis span per delta would drown the trace
+        for event in handle.events():
+            if isinstance(event, TokenEvent):
+                timer.token(len(event.token_ids))
+                try:
+                    broadcast.publish(
+                        message.id,
+                        broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text),
+                    )
+                except REDIS_ERRORS:
+                    # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
+                    # final text reaches them in `done` (and from the database on resume).
+                    publish_failures += 1
+                    if publish_failures == 1:
+                        logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
+            else:
+                final = event
+    assert final is not None, "the engine ends every request with a FinishEvent"
+    t = final.timings
+    timer.finish_event(final)
+    _record_engine_spans(submitted_ns, t)
+    logger.info(
+        "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",
+        final.finish_reason,
+        final.usage.prompt_tokens,
+        final.usage.completion_tokens,
+        round(t.ttft_ms) if t.ttft_ms is not None else "-",
+        t.total_ms,
+    )
+    with tracing.span("generation.final_write"):
+        return _finish(message, final)
+
+
+def _record_engine_spans(submitted_ns: int, t) -> None:
+    """Engine stages as spans, from the finish event's timings (ms since submit)."""
+    ms = 1_000_000
+    admitted = submitted_ns + int(t.queue_ms * ms)
+    end = submitted_ns + int(t.total_ms * ms)
+    tracing.record_span("engine.queue_wait", submitted_ns, admitted)
+    if t.ttft_ms is None:
+        tracing.record_span("engine.prefill", admitted, end)
+        return
+    first = submitted_ns + int(t.ttft_ms * ms)
+    tracing.record_span("engine.prefill", admitted, first, first_token_ns=first)
+    tracing.record_span("engine.decode", first, end)
+
+
+def _finish(message: Message, final: FinishEvent) -> str:
+    return finish(
+        message=message,
+        status=STATUS_BY_FINISH[final.finish_reason],
+        text=final.text,
+        finish_reason=final.finish_reason,
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
+        duration_ms=round(final.timings.total_ms),
+        error=final.error or "",
+    )

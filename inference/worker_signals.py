@@ -1,0 +1,23 @@
+"""A GPU worker's lifecycle, wired to Celery signals: load the engine at start, then
+:mod:`inference.workerops` (version queue, metrics endpoint, draining, shutdown). Imported by the worker's
+autodiscovery (``chatsite/celery.py``: ``related_name="worker_signals"``)."""
+
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+
+from inference import workerops  # registers the chatsite_mark_draining remote-control command
+
+
+@worker_ready.connect
+def load_engine_at_start(sender=None, **kwargs):
+    """Load the model when the worker starts, not on the first user's request."""
+    from inference.worker import get_host
+
+    try:
+        queues = [q.name for q in sender.task_consumer.queues]
+    except AttributeError:
+        queues = []
+    workerops.on_worker_ready(sender, get_host(queues=queues))
+
+
+worker_shutting_down.connect(workerops.on_worker_shutting_down)
+worker_shutdown.connect(workerops.on_worker_shutdown)
