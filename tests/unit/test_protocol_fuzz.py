@@ -4,8 +4,8 @@ test run with hypothesis: for any input, bytes decoded as the socket would pass 
 parser either returns a valid frame or raises ``FrameRejected``; nothing else escapes, and what it returns
 is safe to store (ids in ``bigint`` range, text free of NUL and lone surrogates).
 
-Deterministic (``derandomize``) so a run is the same everywhere; the example counts are high enough to
-exercise every frame type's fields in a few seconds on two cores."""
+Deterministic (``derandomize``) so a run is the same everywhere; the example counts (about 5,500 inputs in all)
+exercise every frame type's fields in seconds on two cores."""
 
 import json
 
@@ -62,26 +62,26 @@ def check(text: str) -> None:
             assert 1 <= value <= MAX_ID, (name, value)
 
 
-@fuzz(3000)
+@fuzz(2000)
 @given(st.binary(max_size=512))
 def test_any_bytes_are_parsed_or_rejected(raw):
     # Invalid UTF-8 becomes lone surrogates, the worst text a str can hold.
     check(raw.decode("utf-8", errors="surrogateescape"))
 
 
-@fuzz(3000)
+@fuzz(2000)
 @given(any_text)
 def test_any_unicode_text_is_parsed_or_rejected(text):
     check(text)
 
 
-@fuzz(1000)
+@fuzz(500)
 @given(json_values, st.booleans())
 def test_any_json_document_is_parsed_or_rejected(value, ascii_only):
     check(json.dumps(value, ensure_ascii=ascii_only))
 
 
-@fuzz(2000)
+@fuzz(1000)
 @given(shaped_frames, st.booleans())
 def test_frames_shaped_like_real_ones_with_hostile_values_are_parsed_or_rejected(frame, ascii_only):
     check(json.dumps(frame, ensure_ascii=ascii_only))
