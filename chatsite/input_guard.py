@@ -3,7 +3,7 @@
 A NUL character (``%00`` in a form or query string, ``\\u0000`` in JSON) or a lone surrogate (``\\ud800`` in
 JSON) in a field that reaches a ``text`` column made the write fail inside the view as a server error (a
 conversation renamed to a title holding NUL answered 500). This middleware checks every form field name and
-value, query parameter and JSON string (keys too) of every request and answers 400
+value, query parameter and JSON string (keys too; any body that parses as JSON) of every request and answers 400
 naming the field, so nothing is written and every form and JSON endpoint is covered, including later ones.
 File contents are the receiving view's to check (``conversations.archive`` refuses such an import).
 
@@ -29,9 +29,10 @@ from database.storable_text import first_unstorable, text_problem
 logger = logging.getLogger(__name__)
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-#: What an unstorable string looks like in raw JSON: a NUL byte, ``\u0000``, or a ``\uD800``-``\uDFFF``
-#: escape (a surrogate; a correct pair decodes to one storable character, and the decoded check decides).
-_JSON_SUSPECT = re.compile(rb"\x00|\\u0000|\\u[dD][89a-fA-F]")
+#: What an unstorable string looks like in raw JSON: ``\u0000`` or a ``\uD800``-``\uDFFF`` escape (a
+#: surrogate; a correct pair decodes to one storable character, and the decoded check decides). A raw NUL
+#: byte is no concern: it makes the document invalid JSON, which the view refuses.
+_JSON_SUSPECT = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]")
 _BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 
@@ -59,19 +60,21 @@ def unstorable_field(request) -> tuple[str, str] | None:
     content_type = request.content_type or ""
     try:
         if content_type in FORM_TYPES:
+            found = _in_pairs(request.POST.lists())
             # Uploaded file names need no check: Django's multipart parser drops their non-printable
             # characters (MultiPartParser.sanitize_file_name).
-            return _in_pairs(request.POST.lists())
-        if content_type == "application/json" or content_type.endswith("+json"):
-            raw = request.body
-            if not _JSON_SUSPECT.search(raw):
-                return None
-            if b"\x00" in raw:
-                return "body", "contains a NUL byte"
-            try:
-                return first_unstorable(json.loads(raw))
-            except (ValueError, RecursionError):
-                return None  # not JSON: the view says so
+            if found or content_type == "multipart/form-data":
+                return found
+        # Any other body is checked as JSON when it parses as JSON, whatever its Content-Type says: the /v1
+        # views parse the body regardless (a client that forgot the header, as curl -d does, still reaches
+        # them), and a real urlencoded form does not parse as JSON.
+        raw = request.body
+        if not _JSON_SUSPECT.search(raw):
+            return None
+        try:
+            return first_unstorable(json.loads(raw))
+        except (ValueError, RecursionError):
+            return None  # not JSON: the view says so
     except (RequestDataTooBig, SuspiciousOperation, MultiPartParserError, UnreadablePostError, OSError):
         return None
     return None

@@ -158,3 +158,13 @@ def test_a_completion_with_unstorable_text_is_refused_in_openais_shape(client, b
     error = response.json()["error"]
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, "invalid_value")
     assert Message.objects.count() == before and not Conversation.objects.filter(owner=alice).exists()
+
+
+def test_a_json_body_sent_without_its_content_type_is_checked_too(client, bearer, alice):
+    # As `curl -d` sends it (application/x-www-form-urlencoded); the /v1 views parse the body anyway.
+    body = json.dumps({"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "\u0000"}]})
+    for content_type in ("application/x-www-form-urlencoded", "text/plain"):
+        response = client.post("/v1/chat/completions", body, content_type=content_type, **bearer)
+        assert response.status_code == 400, content_type
+        assert response.json()["error"]["param"] == "messages[0].content"
+    assert not Conversation.objects.filter(owner=alice).exists()
