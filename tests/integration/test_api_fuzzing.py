@@ -17,7 +17,6 @@ import pytest
 from api.services import api_key_create
 from billing.models import Tier
 from conversations.services import conversation_create, message_create
-from tests.live_stack import live_server_url  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -43,8 +42,9 @@ def fuzz_key(make_user, redis_clean):
     return secret
 
 
-def schemathesis(url: str, document: str, key: str, *, max_examples: int) -> subprocess.CompletedProcess:
-    """Run the schemathesis CLI against ``url + document``; its output is shown when the test fails."""
+def schemathesis(url: str, document: str, key: str, *, max_examples: int, cwd) -> subprocess.CompletedProcess:
+    """Run the schemathesis CLI against ``url + document`` in ``cwd`` (where it keeps its cache); its output
+    is shown when the test fails."""
     return subprocess.run(
         [
             sys.executable,
@@ -75,14 +75,17 @@ def schemathesis(url: str, document: str, key: str, *, max_examples: int) -> sub
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=cwd,
     )
 
 
-def test_history_api_matches_its_openapi_document(live_server_url, fuzz_key):  # noqa: F811
-    run = schemathesis(live_server_url, "/api/openapi.json", fuzz_key, max_examples=15)
+def test_history_api_matches_its_openapi_document(live_server_url, fuzz_key, tmp_path):
+    run = schemathesis(live_server_url, "/api/openapi.json", fuzz_key, max_examples=15, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
 
 
-def test_openai_compatible_api_matches_its_openapi_document(celery_worker, live_server_url, fuzz_key):  # noqa: F811
-    run = schemathesis(live_server_url, "/v1/openapi.json", fuzz_key, max_examples=8)
+def test_openai_compatible_api_matches_its_openapi_document(
+    celery_worker, live_server_url, fuzz_key, tmp_path
+):
+    run = schemathesis(live_server_url, "/v1/openapi.json", fuzz_key, max_examples=8, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
