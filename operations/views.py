@@ -38,6 +38,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     checks = health.readiness()
     failing = [name for name, result in checks.items() if result != "ok"]
     body = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
+    # Memory's vector store: shown, never failing readiness (replies go on without recall).
+    body["vector_store"] = health.vector_store()
     response = JsonResponse(body, status=503 if failing else 200)
     if failing:
         # "Not ready (yet)" is the probe's answer, e.g. while the first worker loads its model, not a server
