@@ -1,11 +1,12 @@
 """Refuse HTTP input that PostgreSQL cannot store, before any view runs.
 
-A NUL character (``%00`` in a form or query string, ``\\u0000`` in JSON) or a lone surrogate (``\\ud800`` in
-JSON) in a field that reaches a ``text`` column made the write fail inside the view as a server error (a
-conversation renamed to a title holding NUL answered 500). This middleware checks every form field name and
-value, query parameter and JSON string (keys too; any body that parses as JSON) of every request and answers 400
-naming the field, so nothing is written and every form and JSON endpoint is covered, including later ones.
-File contents are the receiving view's to check (``conversations.archive`` refuses such an import).
+A NUL character (``%00`` in a form or query string, ``\\u0000`` in JSON) or a lone surrogate (``\\ud800``
+in JSON) in a field that reaches a ``text`` column made the write fail inside the view as a server error (a
+conversation renamed to a title holding NUL answered 500). This middleware checks every query parameter, form
+field name and value (multipart ones in bodies up to 256 KiB: larger ones are uploads) and JSON string (keys
+too; any body that parses as JSON) of every request, and answers 400 naming the field, so nothing is written
+and every form and JSON endpoint is covered, including later ones. File contents are the receiving view's to
+check (``conversations.archive`` refuses such an import; the documents app such a file).
 
 The answer takes the shape the caller expects: OpenAI's error object under ``/v1/``, django-ninja's
 ``{"detail": ...}`` under ``/api/``, ``{"error": ...}`` for a page script asking for JSON, else a page.
@@ -16,11 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+from io import BytesIO
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.files.uploadhandler import MemoryFileUploadHandler
 from django.http import HttpResponse, JsonResponse
-from django.http.multipartparser import MultiPartParserError
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import UnreadablePostError
 from django.template.loader import render_to_string
 
@@ -28,12 +31,13 @@ from database.storable_text import first_unstorable, text_problem
 
 logger = logging.getLogger(__name__)
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 #: What an unstorable string looks like in raw JSON: ``\u0000`` or a ``\uD800``-``\uDFFF`` escape (a
 #: surrogate; a correct pair decodes to one storable character, and the decoded check decides). A raw NUL
 #: byte is no concern: it makes the document invalid JSON, which the view refuses.
 _JSON_SUSPECT = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]")
 _BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+#: Multipart bodies up to this size (bytes) are forms to check; larger ones are uploads (see _multipart_field).
+MULTIPART_CHECK_MAX_BYTES = 256 * 1024
 
 
 def _in_pairs(pairs) -> tuple[str, str] | None:
@@ -48,6 +52,23 @@ def _in_pairs(pairs) -> tuple[str, str] | None:
     return None
 
 
+def _multipart_field(request) -> tuple[str, str] | None:
+    """The page's scripts post ``FormData`` (multipart), so small multipart bodies are checked, on a copy:
+    ``request.POST`` stays unparsed, for an upload view installs its own upload handlers (a size cap) before
+    it reads the body. Larger bodies are uploads, left to their views: Django's parser drops non-printable
+    characters from file names and Django form fields refuse NUL."""
+    if int(request.META.get("CONTENT_LENGTH") or 0) > MULTIPART_CHECK_MAX_BYTES:
+        return None
+    try:
+        parser = MultiPartParser(
+            request.META, BytesIO(request.body), [MemoryFileUploadHandler(request)], request.encoding
+        )
+        fields, _files = parser.parse()
+    except (RequestDataTooBig, SuspiciousOperation, MultiPartParserError, UnreadablePostError, OSError):
+        return None
+    return _in_pairs(fields.lists())
+
+
 def unstorable_field(request) -> tuple[str, str] | None:
     """``(field, reason)`` for the first input of ``request`` that PostgreSQL could not store, else None.
     ``field``: a query or form field name, a JSON path (``messages[0].content``) or ``path``. Bodies Django cannot read (too big, malformed) are left to the view, which refuses them."""
@@ -58,12 +79,12 @@ def unstorable_field(request) -> tuple[str, str] | None:
     if found or request.method not in _BODY_METHODS:
         return found
     content_type = request.content_type or ""
+    if content_type == "multipart/form-data":
+        return _multipart_field(request)
     try:
-        if content_type in FORM_TYPES:
+        if content_type == "application/x-www-form-urlencoded":
             found = _in_pairs(request.POST.lists())
-            # Uploaded file names need no check: Django's multipart parser drops their non-printable
-            # characters (MultiPartParser.sanitize_file_name).
-            if found or content_type == "multipart/form-data":
+            if found:
                 return found
         # Any other body is checked as JSON when it parses as JSON, whatever its Content-Type says: the /v1
         # views parse the body regardless (a client that forgot the header, as curl -d does, still reaches

@@ -9,8 +9,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import environ
-from csp.constants import NONE, SELF
 from kombu import Exchange, Queue
+
+from chatsite.content_security import content_security_policy
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -44,9 +45,7 @@ INSTALLED_APPS = [
     "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
-    # django-ninja's own templates and static files: the API docs page (/api/docs) served from this site
-    # instead of a CDN, as the Content-Security-Policy requires.
-    "ninja",
+    "ninja",  # its templates and static files: /api/docs served from this site (CSP), not a CDN
     "axes",  # log-in throttling (issue 7)
 ]
 
@@ -68,24 +67,9 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
 
-# Content-Security-Policy (django-csp; docs/security.md): scripts, styles, fonts and fetches only from this
-# origin (CSP 3's 'self' covers the same-origin ws:/wss: chat socket), no inline script or style, no
-# plugins, no framing. CSP_CONNECT_SRC adds origins a deployment's page must reach (e.g. a separate
-# WebSocket host: "wss://ws.example.com").
-CONTENT_SECURITY_POLICY = {
-    "DIRECTIVES": {
-        "default-src": [SELF],
-        "script-src": [SELF],
-        "style-src": [SELF],
-        "img-src": [SELF, "data:"],  # data: the admin's and the API docs' inline SVG icons
-        "font-src": [SELF],
-        "connect-src": [SELF, *env.list("CSP_CONNECT_SRC", default=[])],
-        "object-src": [NONE],
-        "base-uri": [SELF],
-        "form-action": [SELF],
-        "frame-ancestors": [NONE],
-    }
-}
+# Content-Security-Policy (chatsite/content_security.py, docs/security.md); CSP_CONNECT_SRC adds origins the
+# page must reach besides its own (e.g. a separate WebSocket host: "wss://ws.example.com").
+CONTENT_SECURITY_POLICY = content_security_policy(connect_src=env.list("CSP_CONNECT_SRC", default=[]))
 
 ROOT_URLCONF = "chatsite.urls"
 ASGI_APPLICATION = "chatsite.asgi.application"
@@ -286,8 +270,7 @@ INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
 # Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
 _metrics_port = env("METRICS_WORKER_PORT", default="9101")
 METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
-# Loopback unless configured: the endpoint has no authentication, so exposing it to other hosts (a Prometheus
-# elsewhere: METRICS_WORKER_ADDR=0.0.0.0 behind a firewall) is a deployment's explicit choice.
+# Loopback unless configured: the endpoint has no authentication (0.0.0.0 for a Prometheus elsewhere).
 METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="127.0.0.1")
 # Web /metrics: allowed with this bearer token, or from these networks (CIDR).
 METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")

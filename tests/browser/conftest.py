@@ -47,7 +47,7 @@ def is_csp_violation(text: str) -> bool:
 def open_page(chromium, live_server_url, redis_clean):
     """``open_page(user=None, viewport=None, color_scheme=None)`` -> a Playwright page in a new context,
     logged in as ``user`` when given. Every browser test fails when any of its pages reports a
-    Content-Security-Policy violation in the console (the policy is in chatsite/settings/base.py)."""
+    Content-Security-Policy violation in the console (the policy: chatsite/content_security.py)."""
     from django.conf import settings
     from django.test import Client
 

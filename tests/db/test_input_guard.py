@@ -66,6 +66,17 @@ def test_every_form_field_with_a_nul_is_refused(signed_in, chat, url, data, fiel
     assert unchanged(chat) and not ApiKey.objects.exists()
 
 
+def test_an_urlencoded_form_field_with_a_nul_is_refused(signed_in, chat):
+    body = "title=bad%00title"
+    response = signed_in.post(
+        f"/chat/{chat.id}/rename/", body, content_type="application/x-www-form-urlencoded"
+    )
+    assert response.status_code == 400 and "'title' contains a NUL character" in html.unescape(
+        response.content.decode()
+    )
+    assert unchanged(chat)
+
+
 def test_a_query_parameter_with_a_nul_is_refused(signed_in, chat):
     response = signed_in.get("/chat/search/", {"q": "he\x00llo"})
     assert response.status_code == 400 and "'q' contains a NUL character" in html.unescape(
