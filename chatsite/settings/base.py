@@ -4,14 +4,11 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 ``ImproperlyConfigured`` at start-up instead of silently falling back to a default.
 """
 
-from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
 import environ
 from kombu import Exchange, Queue
-
-from chatsite.content_security import content_security_policy
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -45,6 +42,7 @@ INSTALLED_APPS = [
     "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
+    "safety",  # input and output moderation, /v1/moderations, the review queue (issue 26)
     "ninja",  # its templates and static files: /api/docs served from this site (CSP), not a CDN
     "axes",  # log-in throttling (issue 7)
 ]
@@ -66,10 +64,6 @@ MIDDLEWARE = [
     "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
     "axes.middleware.AxesMiddleware",  # log-in throttling (issue 7); last, as axes asks
 ]
-
-# Content-Security-Policy (chatsite/content_security.py, docs/security.md); CSP_CONNECT_SRC adds origins the
-# page must reach besides its own (e.g. a separate WebSocket host: "wss://ws.example.com").
-CONTENT_SECURITY_POLICY = content_security_policy(connect_src=env.list("CSP_CONNECT_SRC", default=[]))
 
 ROOT_URLCONF = "chatsite.urls"
 ASGI_APPLICATION = "chatsite.asgi.application"
@@ -212,6 +206,8 @@ INFERENCE_KV_CACHE_MEMORY_MB = env.float("INFERENCE_KV_CACHE_MEMORY_MB", default
 # The engine's native CPU kernels (decode attention, small-step projections incl. GGUF block weights,
 # RMSNorm / SiLU-and-multiply; built with gcc at first start).
 INFERENCE_NATIVE_KERNELS = env.bool("INFERENCE_NATIVE_KERNELS", default=True)
+# fast: the kernels measured fastest on this CPU kind; low: GGUF blocks wherever a weight has them (docs/engine-kernels.md).
+INFERENCE_KERNEL_MEMORY = env.str("INFERENCE_KERNEL_MEMORY", default="fast")
 ADMISSION_RETRY_AFTER_S = env.int("ADMISSION_RETRY_AFTER_S", default=5)
 # --- Tiers under load (issue 8): admission control on the fleet's expected wait (conversations/load.py) ---
 # Everyone is refused while the expected wait is above this (s); each tier's own threshold is in the admin.
@@ -302,21 +298,11 @@ WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
 QUEUED_REDISPATCH_S = env.float("QUEUED_REDISPATCH_S", default=20.0)
 # How long a worker keeps retrying a reply's final write while PostgreSQL is unreachable (seconds).
 GENERATION_FINISH_RETRY_S = env.float("GENERATION_FINISH_RETRY_S", default=60.0)
-# Log-in throttling (django-axes): after AXES_FAILURE_LIMIT failed log-ins for one account, or from one
-# client address, further attempts are refused (429, templates/registration/locked_out.html) for
-# AXES_COOLOFF_MINUTES. Admins unlock in /admin/axes/ or with `manage.py axes_reset[_username|_ip]`.
-AUTHENTICATION_BACKENDS = [
-    "accounts.backends.LoginThrottleBackend",
-    "django.contrib.auth.backends.ModelBackend",
-]
-AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
-AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
-AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
-AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_USERNAME_FORM_FIELD = "username"
-# The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
+
+# --- Security (issues 7, 33): Content-Security-Policy, log-in throttling; in security.py beside this file.
+# --- Safety (issue 26): the guard chain around every reply; its settings live in safety.py beside this file.
+from .safety import *  # noqa: E402,F401,F403
+from .security import *  # noqa: E402,F401,F403
 
 # --- Memory across conversations (issue 27, docs/memory.md) ---
 # Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
@@ -328,6 +314,8 @@ if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
 # Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
 MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
 MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# pgvector's HNSW search breadth (hnsw.ef_search): higher finds more of the true nearest chunks, slower.
+MEMORY_HNSW_EF_SEARCH = env.int("MEMORY_HNSW_EF_SEARCH", default=100)
 # The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
 MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
 # How long a reply waits for its question's embedding before going on without recall (seconds).
