@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0008_conversation_model_name'),
+        ('conversations', '0009_message_status_blocked'),
     ]
 
     operations = [
