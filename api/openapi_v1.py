@@ -144,7 +144,6 @@ def openapi_document() -> dict:
                     },
                     "400": _BAD_REQUEST,
                     "401": _UNAUTHORIZED,
-                    "404": _error("The named moderation model is not served (`model_not_found`)."),
                     "429": _error("Rate limit reached.", headers=_RETRY_AFTER),
                     "503": _UNAVAILABLE,
                 },
