@@ -230,7 +230,7 @@ MODERATION_REQUEST = {
                 {"type": "array", "items": _TEXT_PART, "minItems": 1},
             ]
         },
-        "model": {"type": "string"},
+        "model": _nullable({"type": "string"}),
     },
     "required": ["input"],
 }
