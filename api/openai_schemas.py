@@ -12,8 +12,7 @@ def _nullable(schema: dict) -> dict:
 _TEXT_PART = {
     "type": "object",
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    "required": ["type", "text"],
-    "additionalProperties": False,
+    "required": ["type", "text"],  # other keys of a part are ignored
 }
 _MESSAGE = {
     "type": "object",
