@@ -10,6 +10,8 @@ from urllib.parse import unquote
 import environ
 from kombu import Exchange, Queue
 
+from .database import database_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -59,6 +61,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "allauth.account.middleware.AccountMiddleware",  # allauth's request context (async-capable)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
@@ -87,11 +90,7 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
 # A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
 DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
-# 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
-# (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
-# task, which costs a millisecond against seconds of generation.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].update(database_settings(env, DATABASES["default"].get("OPTIONS", {})))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"
@@ -225,8 +224,6 @@ ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
-# Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
-BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
@@ -386,3 +383,7 @@ else:
 DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
 # Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
 DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)
+from .billing_sso import *  # noqa: E402,F401,F403  Payments (manual, Stripe), teams, single sign-on (issue 32)
+
+INSTALLED_APPS += BILLING_SSO_APPS  # noqa: F405  (organizations; allauth with its OpenID Connect provider)
+AUTHENTICATION_BACKENDS = [PASSWORD_LOGIN_GATE, *AUTHENTICATION_BACKENDS]  # noqa: F405
