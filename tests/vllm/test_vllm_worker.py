@@ -1,0 +1,309 @@
+"""A worker whose engine is vLLM, end to end: the page's WebSocket and the OpenAI-compatible API stream from it,
+Stop frees its one slot, a paid reply overtakes earlier free ones, usage is recorded, greedy output equals the
+native engine's on the same weights, and killing vLLM's engine core mid-stream leaves nothing stuck.
+
+The engine-core kill ends the worker, so that test runs last in this module."""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import openai
+import pytest
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from api.services import api_key_create
+from billing.models import Tier, UsageRecord
+from conversations.models import Message
+from events import broadcast
+from inference import fleet
+from tests.conftest import broker_take
+from tests.sockets import open_socket
+from tests.vllm.conftest import MODEL, engine_core_pids
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+LONG = "Write a very long, detailed story about a dragon who learns to bake bread. Use many paragraphs."
+#: The fixed prompt set of the greedy comparison.
+GREEDY_PROMPTS = [
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Explain in one sentence what a CPU does.",
+    "Write a haiku about the sea.",
+    "List the first five prime numbers.",
+    "Who wrote Romeo and Juliet?",
+]
+
+
+def client_for(user, base_url) -> openai.OpenAI:
+    _, key = api_key_create(user=user, name="vllm-tests")
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0, timeout=180)
+
+
+def wait_for(predicate, timeout=60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def vllm_status() -> fleet.WorkerStatus | None:
+    return next((w for w in fleet.live_workers() if w.backend == "vllm"), None)
+
+
+def test_the_worker_announces_its_vllm_backend_in_the_fleet_and_readyz(vllm_worker, client, redis_clean):
+    status = vllm_status()
+    assert status is not None and status.ready and status.health == "ok" and status.model == MODEL
+    body = client.get("/readyz").json()
+    assert {"backend": "vllm", "health": "ok", "ready": True}.items() <= next(
+        w for w in body["workers"] if w["worker"] == status.worker_id
+    ).items()
+
+
+@pytest.fixture
+def session_cookie(alice, client):
+    client.force_login(alice)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+@pytest.mark.asyncio
+async def test_the_page_streams_a_reply_from_vllm_and_records_usage(
+    vllm_worker, alice, session_cookie, redis_clean
+):
+    cookie = session_cookie
+    await database_sync_to_async(Tier.objects.filter(name="free").update)(max_reply_tokens=24)
+    ws = await open_socket(cookie)
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "What is the capital of France?"}
+    )
+    queued = await ws.receive_json_from(timeout=60)
+    frames = []
+    while not frames or frames[-1]["type"] != "done":
+        frames.append(await ws.receive_json_from(timeout=120))
+    tokens = [f for f in frames if f["type"] == "token"]
+    assert frames[0]["type"] == "started" and tokens
+    assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+    done = frames[-1]
+    message = await database_sync_to_async(Message.objects.get)(pk=queued["message_id"])
+    assert done["status"] == message.status == "completed"
+    assert (
+        message.content == "".join(t["text"] for t in tokens) == done["content"] and message.content.strip()
+    )
+    assert 0 < message.completion_tokens <= 24 and message.prompt_tokens > 0 and message.ttft_ms is not None
+    record = await database_sync_to_async(UsageRecord.objects.get)(message_id=message.id)
+    assert (record.user_id, record.prompt_tokens, record.completion_tokens) == (
+        alice.id,
+        message.prompt_tokens,
+        message.completion_tokens,
+    )
+    await ws.disconnect()
+
+
+def test_the_api_streams_from_vllm_with_usage(vllm_worker, make_user, live_server_url):
+    carol = make_user("carol", tier="paid")
+    api = client_for(carol, live_server_url)
+    stream = api.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name three colours of the rainbow."}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+        store=True,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    reply = Message.objects.get(conversation__owner=carol, role="assistant")
+    assert text.strip() and reply.content == text and reply.status == "completed"
+    assert usage.completion_tokens == reply.completion_tokens and usage.prompt_tokens == reply.prompt_tokens
+    assert UsageRecord.objects.get(message=reply).completion_tokens == usage.completion_tokens
+
+
+def test_stop_frees_the_one_slot_for_the_next_reply(vllm_worker, make_user, live_server_url):
+    dave, erin = make_user("dave", tier="paid"), make_user("erin", tier="paid")
+    stream = client_for(dave, live_server_url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": LONG}], max_tokens=1500, stream=True, store=True
+    )
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got >= 3:
+            break
+    stream.close()  # the client hangs up: the reply is stopped and vLLM aborts the request
+    long_reply = Message.objects.get(conversation__owner=dave, role="assistant")
+    assert wait_for(lambda: Message.objects.get(pk=long_reply.pk).status == "cancelled", 30)
+    assert wait_for(lambda: (s := vllm_status()) is not None and s.running == 0 and s.waiting == 0, 15)
+    # The slot is free: the next reply completes though the stopped one had 1,500 tokens to go.
+    answer = client_for(erin, live_server_url).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+    )
+    long_reply.refresh_from_db()
+    assert answer.choices[0].message.content and long_reply.completion_tokens < 1500
+    assert UsageRecord.objects.get(message=long_reply).completion_tokens == long_reply.completion_tokens
+
+
+def test_a_paid_reply_overtakes_free_replies_queued_before_it(vllm_worker, make_user, live_server_url):
+    """One slot, held by a free reply; two more free replies wait in vLLM's queue, then a paid one arrives."""
+    users = [make_user(f"free{i}") for i in range(3)]
+    frank = make_user("frank", tier="paid")
+    done_at: dict[str, float] = {}
+
+    def ask(name, user, tokens):
+        client_for(user, live_server_url).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": LONG}],
+            max_tokens=tokens,
+            store=True,
+        )
+        done_at[name] = time.monotonic()
+
+    def waiting_free() -> int:
+        return Message.objects.filter(
+            conversation__owner__in=users[1:], role="assistant", status="streaming"
+        ).count()
+
+    threads = [threading.Thread(target=ask, args=("blocker", users[0], 48))]
+    threads[0].start()
+    assert wait_for(lambda: Message.objects.filter(conversation__owner=users[0], status="streaming").exists())
+    for i in (1, 2):
+        threads.append(threading.Thread(target=ask, args=(f"free{i}", users[i], 8)))
+        threads[-1].start()
+    # Both free replies are claimed by the worker (submitted to vLLM) before the paid one is sent.
+    assert wait_for(lambda: waiting_free() == 2, 60)
+    threads.append(threading.Thread(target=ask, args=("paid", frank, 8)))
+    threads[-1].start()
+    for t in threads:
+        t.join(300)
+    assert set(done_at) == {"blocker", "free1", "free2", "paid"}
+    assert done_at["paid"] < min(done_at["free1"], done_at["free2"]), done_at
+
+
+def native_greedy(prompts: list[str], model_dir: str, cache_dir: str) -> list[list[int]]:
+    """The native engine's greedy first 32 tokens of each prompt, float32 on the same prepared weights."""
+    from inference.engine import EngineConfig, LLMEngine, ModelSpec, SamplingParams, TokenEvent
+
+    spec = ModelSpec(name="greedy-reference", source=model_dir, dtype="float32", context_length=2048)
+    engine = LLMEngine.from_spec(spec, EngineConfig(max_num_seqs=8, prefix_cache_tokens=0), cache_dir)
+    engine.start()
+    try:
+        out = []
+        for prompt in prompts:
+            ids = engine.render_chat([{"role": "user", "content": prompt}])
+            handle = engine.submit(ids, SamplingParams(temperature=0.0, max_new_tokens=32))
+            out.append([t for e in handle.events() if isinstance(e, TokenEvent) for t in e.token_ids])
+        return out
+    finally:
+        engine.shutdown()
+
+
+def test_greedy_output_equals_the_native_engines_for_32_tokens(
+    vllm_worker, make_user, live_server_url, tmp_path
+):
+    from transformers import AutoTokenizer
+
+    from inference.backends.build import vllm_weights
+
+    model_dir = str(vllm_weights(MODEL))
+    reference = native_greedy(GREEDY_PROMPTS, model_dir, str(tmp_path / "native-cache"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    api = client_for(make_user("gina", tier="paid"), live_server_url)
+    matches = []
+    for prompt, native_ids in zip(GREEDY_PROMPTS, reference, strict=True):
+        reply = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=32,
+            temperature=0,
+            presence_penalty=0,  # an OpenAI penalty turns chatsite's default repetition penalty off
+        )
+        vllm_text = reply.choices[0].message.content
+        native_text = tokenizer.decode(native_ids, skip_special_tokens=True)
+        vllm_ids = tokenizer.encode(vllm_text, add_special_tokens=False)
+        native_ids = tokenizer.encode(native_text, add_special_tokens=False)
+        same = next(
+            (i for i, (a, b) in enumerate(zip(vllm_ids, native_ids, strict=False)) if a != b),
+            min(len(vllm_ids), len(native_ids)),
+        )
+        matches.append((prompt, same, vllm_text == native_text))
+    print("\ngreedy first-32-token matches, vLLM vs native (float32, same weights):")
+    for prompt, same, equal in matches:
+        print(f"  {same:>2}/32 {'identical' if equal else 'DIFFERENT'}  {prompt}")
+    assert all(equal for _, _, equal in matches), matches
+
+
+@pytest.mark.asyncio
+async def test_killing_the_engine_core_mid_stream_leaves_nothing_stuck(
+    vllm_worker, make_user, live_server_url
+):
+    """The streaming reply ends ``interrupted`` with its text, the reply waiting behind it goes back to
+    ``queued`` with its task back in the broker, and the worker leaves the fleet and exits."""
+    hank, ivy = (
+        await database_sync_to_async(make_user)("hank", tier="paid"),
+        await database_sync_to_async(make_user)("ivy", tier="paid"),
+    )
+    api_h = await database_sync_to_async(client_for)(hank, live_server_url)
+    api_i = await database_sync_to_async(client_for)(ivy, live_server_url)
+
+    def stream_long():
+        try:
+            for _ in api_h.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": LONG}],
+                max_tokens=1500,
+                stream=True,
+                store=True,
+            ):
+                pass
+        except openai.APIError:
+            pass
+
+    def ask_short():
+        try:
+            api_i.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say hello."}],
+                max_tokens=8,
+                store=True,
+                timeout=30,
+            )
+        except openai.APIError:
+            pass
+
+    long_task = asyncio.create_task(asyncio.to_thread(stream_long))
+
+    def has_streamed() -> bool:
+        reply = Message.objects.filter(conversation__owner=hank, role="assistant", status="streaming").first()
+        return reply is not None and bool(broadcast.stream_text(reply.id))
+
+    streaming = database_sync_to_async(has_streamed)
+    deadline = time.monotonic() + 120
+    while not await streaming():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    short_task = asyncio.create_task(asyncio.to_thread(ask_short))
+    waiting = database_sync_to_async(
+        lambda: Message.objects.filter(conversation__owner=ivy, role="assistant", status="streaming").exists()
+    )
+    while not await waiting():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    pids = engine_core_pids(vllm_worker)
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    await asyncio.to_thread(vllm_worker.proc.wait, 90)  # the worker shuts itself down
+    await long_task
+    await short_task
+    streamed = await database_sync_to_async(Message.objects.get)(conversation__owner=hank, role="assistant")
+    queued = await database_sync_to_async(Message.objects.get)(conversation__owner=ivy, role="assistant")
+    assert streamed.status == "interrupted" and streamed.content and streamed.error
+    assert queued.status == "queued"
+    # Its task is back in the broker for the next worker (taken here so no later test meets it).
+    tasks = await asyncio.to_thread(broker_take, f"inference.{MODEL}")
+    assert [args for args, _ in tasks] == [[queued.id]]
+    assert "engine died" in vllm_worker.log_path.read_text()
