@@ -115,7 +115,8 @@ def engine_build(name: str | None = None) -> ServingEngine:
         from inference.backends.native import NativeEngine
 
         return NativeEngine.from_spec(model_spec(name), engine_config(), settings.MODEL_CACHE_DIR)
-    from inference.backends.vllm import VllmEngine, VllmOptions
+    from inference.backends.vllm import VllmEngine
+    from inference.backends.vllm_args import VllmOptions
 
     entry = _entry(name)
     return VllmEngine(

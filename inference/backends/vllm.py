@@ -26,9 +26,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from inference.backends.base import EngineDead
+from inference.backends.vllm_args import VllmOptions, queue_seconds, step_stats, vllm_sampling
 from inference.engine import (
     EngineLoad,
     EngineStopped,
@@ -48,57 +48,6 @@ logger = logging.getLogger(__name__)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 #: Seconds between two looks at ``AsyncLLM.errored`` (a core that dies while idle is noticed this soon).
 WATCH_INTERVAL_S = 0.5
-
-
-@dataclass(frozen=True)
-class VllmOptions:
-    """Engine arguments a model registry entry may set (``INFERENCE_MODELS[name]["vllm"]``), as vLLM names them.
-
-    Attributes:
-        tensor_parallel_size: GPUs one model is split over (tensor parallelism).
-        max_model_len: Maximum prompt + generated tokens (``None``: the model's own).
-        gpu_memory_utilization: Fraction of GPU memory (on CPU: of host memory) vLLM may take, 0..1.
-        quantization: vLLM quantization method (``"awq"``, ``"gptq"``, ``"fp8"``, ...) or ``None``.
-        max_num_seqs: Running-request limit.
-        kv_cache_memory_bytes: KV cache size, overriding ``gpu_memory_utilization`` where set.
-        enforce_eager: Skip CUDA graphs / ``torch.compile`` (faster start, slower steps).
-        extra: Any other ``AsyncEngineArgs`` field, passed through.
-    """
-
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
-    quantization: str | None = None
-    max_num_seqs: int = 32
-    kv_cache_memory_bytes: int | None = None
-    enforce_eager: bool = False
-    extra: tuple[tuple[str, object], ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: dict) -> VllmOptions:
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        extra = tuple(sorted((k, v) for k, v in data.items() if k not in known))
-        return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
-
-
-def vllm_sampling(params: SamplingParams):
-    """Chatsite's :class:`~inference.engine.SamplingParams` as vLLM's, streaming deltas."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return VSamplingParams(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else 0,
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        seed=params.seed,
-        stop=list(params.stop) or None,
-        max_tokens=params.max_new_tokens,
-        ignore_eos=params.ignore_eos,
-        output_kind=RequestOutputKind.DELTA,
-    )
 
 
 class VllmStream:
@@ -298,7 +247,7 @@ class VllmEngine:
                     seq += 1
                 if out.finished:
                     reason = FINISH_REASONS.get(o.finish_reason or "", "stop")
-                    queue_s = _queue_s(out.metrics)
+                    queue_s = queue_seconds(out.metrics)
         except asyncio.CancelledError:
             reason = "cancelled"
         except EngineDeadError:
@@ -385,26 +334,9 @@ class VllmEngine:
             self._prefix_queries += int(getattr(pc, "queries", 0))
         if it is None or not self._listeners or sched is None:
             return
-        prompt = int(getattr(getattr(it, "prompt_token_stats", None), "computed", 0) or 0)
         now = time.perf_counter()
-        # vLLM reports a batch of outputs, not its step's start: the gap since the last one is the step time
-        # while the engine is busy (and includes idle time after a pause, as the first step's figure).
         previous, self._last_record = self._last_record, now
-        stats = StepStats(
-            started_at=previous or now,
-            duration_s=now - previous if previous else 0.0,
-            num_running=sched.num_running_reqs,
-            num_waiting=sched.num_waiting_reqs,
-            batch_size=sched.num_running_reqs,
-            num_prefill_tokens=prompt,
-            num_decode_tokens=it.num_generation_tokens,
-            num_sampled_tokens=it.num_generation_tokens,
-            num_finished=len(getattr(it, "finished_requests", ()) or ()),
-            num_prefix_cache_hit_tokens=int(getattr(sched.prefix_cache_stats, "hits", 0)),
-            kv_used_tokens=int(sched.kv_cache_usage * self.kv_total_tokens),
-            kv_total_tokens=self.kv_total_tokens,
-            num_preemptions=it.num_preempted_reqs,
-        )
+        stats = step_stats(sched, it, kv_total_tokens=self.kv_total_tokens, previous=previous, now=now)
         for fn in self._listeners:
             try:
                 fn(stats)
@@ -446,12 +378,6 @@ class VllmEngine:
             logger.warning("vLLM shutdown failed", exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
-
-
-def _queue_s(metrics) -> float | None:
-    """Seconds a request waited in vLLM's queue (``scheduled_ts - queued_ts`` of its ``RequestStateStats``)."""
-    queued, scheduled = getattr(metrics, "queued_ts", None), getattr(metrics, "scheduled_ts", None)
-    return max(0.0, scheduled - queued) if queued and scheduled else None
 
 
 def _load_tokenizer(model_dir: str):

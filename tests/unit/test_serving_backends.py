@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from inference import fleet
 from inference.backends.build import CPU_VLLM_DEFAULTS, backend_for, vllm_options
-from inference.backends.vllm import VllmOptions
+from inference.backends.vllm_args import VllmOptions
 from operations.management.commands.fleet import Command as FleetCommand
 
 DEFAULT = "smollm2-135m-instruct"
