@@ -52,7 +52,7 @@ class TierAdmin(admin.ModelAdmin):
         (
             "Under load",
             {
-                "description": "Expected wait in seconds (README: Tiers under load). Above admit_max_wait_s new "
+                "description": "Expected wait in seconds (docs/tiers-under-load.md). Above admit_max_wait_s new "
                 "requests are refused 'busy'; above degrade_after_wait_s they move to degrade_to_model.",
                 "fields": ("admit_max_wait_s", "degrade_to_model", "degrade_after_wait_s"),
             },

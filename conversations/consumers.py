@@ -133,7 +133,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         onto the one thread shared by every thread-sensitive ``sync_to_async`` call of the process runs
         before *each* handler, i.e. before every frame in and every channel-layer event (each streamed
         token of each watched reply). Under load a frame waited there behind the other sockets' hops and
-        database work before ``receive`` even ran (p50 66 ms, p99 564 ms; README "Overload"). This
+        database work before ``receive`` even ran (p50 66 ms, p99 564 ms; docs/tiers-under-load.md, "Overload"). This
         consumer's own database calls close their connections themselves (:func:`db_call`)."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:

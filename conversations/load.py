@@ -9,7 +9,7 @@ no more than a dictionary lookup most of the time:
 * the replies queued in PostgreSQL for a model (``status = queued``) whose tier priority is at least the new
   request's: the ones a broker priority queue delivers before it. Counted in PostgreSQL rather than asked
   of the broker because the broker's ``message_count`` is per queue, not per priority, and misses replies
-  whose dispatch is waiting for a commit (see the README's tiers section for the measurement).
+  whose dispatch is waiting for a commit (see docs/tiers-under-load.md for the measurement).
 
 Formula, for a model ``m`` and a request of priority ``p``::
 

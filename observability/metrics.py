@@ -242,7 +242,7 @@ class ReplyTimer:
     the finish event's figures.
 
     ``model``/``tier`` are label values. Costs one ``perf_counter`` call and one histogram observation per
-    delta (measured in the README's overhead figure)."""
+    delta (measured in docs/operations.md, "Overhead of metrics and tracing")."""
 
     __slots__ = ("_itl", "_last", "model", "tier")
 

@@ -5,9 +5,9 @@ task runs) submitting with the tier's ``queue_priority``, and a real engine conf
 tiny random-weight Llama. Real PostgreSQL and Redis; client threads stand in for the worker's task threads.
 
 Paid clients keep more replies in the engine than it has slots, so paid requests are always waiting. The
-README's bound: a claimed free (priority 0) request outranks every paid (10) request arriving more than
-``10 x INFERENCE_PRIORITY_AGEING_S`` after it, so it starts at the latest once the requests already waiting
-ahead of it then have started, and completes while the paid stream goes on. With ageing off it is starved
+bound (docs/tiers-under-load.md): a claimed free (priority 0) request outranks every paid (10) request
+arriving more than ``10 x INFERENCE_PRIORITY_AGEING_S`` after it, so it starts at the latest once the requests
+already waiting ahead of it then have started, and completes while the paid stream goes on. With ageing off it is starved
 for as long as the paid stream lasts (the contrast that shows the test can fail).
 """
 

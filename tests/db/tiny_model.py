@@ -3,7 +3,12 @@ the real engine and worker adapter (``conversations.reply_runner.run_generation`
 
 from pathlib import Path
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "var" / "models" / "smollm2-135m-instruct"
+from django.conf import settings
+
+
+def model_dir() -> Path:
+    """The prepared default model's directory (``MODEL_CACHE_DIR``), whose tokenizer and template are reused."""
+    return Path(settings.MODEL_CACHE_DIR) / "smollm2-135m-instruct"
 
 
 def tiny_loaded_model():
@@ -13,7 +18,7 @@ def tiny_loaded_model():
 
     from inference.engine import LoadedModel, ModelSpec
 
-    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir())
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,

@@ -39,7 +39,10 @@ class Command(BaseCommand):
             help="time the per-token and per-reply observability work alone and relate it to --tokens-per-s",
         )
         parser.add_argument(
-            "--tokens-per-s", type=float, default=293.8, help="engine decode tok/s at N (README)"
+            "--tokens-per-s",
+            type=float,
+            default=293.8,
+            help="engine decode tok/s at N (docs/performance-history/round-01.md)",
         )
         parser.add_argument("--cores", type=int, default=2)
 
