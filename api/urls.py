@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from api import v1, views
+from api import documents, v1, views  # noqa: F401  (documents: routes on the history API)
 from api.history import history_api
 
 app_name = "api"

@@ -46,6 +46,7 @@ class TierAdmin(admin.ModelAdmin):
                     "max_reply_tokens",
                     "max_context_tokens",
                     "max_concurrent_generations",
+                    "memory_budget_tokens",
                 )
             },
         ),

@@ -30,6 +30,7 @@ DEFAULT_TIERS = {
         backoff_kind="exponential",
         backoff_base_s=10,
         backoff_cap_s=160,
+        memory_budget_tokens=256,
     ),
     "paid": dict(
         display_name="Paid",
@@ -46,5 +47,6 @@ DEFAULT_TIERS = {
         backoff_kind="linear",
         backoff_base_s=10,
         backoff_cap_s=10,
+        memory_budget_tokens=1024,
     ),
 }

@@ -43,6 +43,11 @@ class Tier(models.Model):
     )
     backoff_base_s = models.PositiveIntegerField(default=10)
     backoff_cap_s = models.PositiveIntegerField(default=160)
+    # Memory (issue 27, docs/memory.md): tokens of key facts and recalled passages added to each reply's context.
+    memory_budget_tokens = models.PositiveIntegerField(
+        default=256,
+        help_text="Tokens of key facts and recalled passages each reply's context may hold (0: none).",
+    )
 
     class Meta:
         ordering = ["queue_priority", "name"]

@@ -20,6 +20,7 @@ urlpatterns = [
     path("chat/", include("conversations.urls")),
     path("s/<str:token>/", share_view, name="share_view"),
     path("billing/", include("billing.urls")),
+    path("memory/", include("memory.urls")),
     path("admin/", admin.site.urls),
     path("", include("operations.urls")),  # /healthz /readyz /metrics /ops/fleet/
     # OpenAI-compatible API, history JSON API and the API keys page (issue 10)

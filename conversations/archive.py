@@ -4,7 +4,7 @@ JSON schema (``docs/export-format.md``), version 1::
 
     {"format": "chatsite.conversations", "version": 1, "exported_at": ISO-8601,
      "conversations": [{"title": str, "system_prompt": str, "created_at": ISO-8601,
-                        "active_leaf": int | null,
+                        "active_leaf": int | null, "documents": [{"name": str, ...}],
                         "messages": [{"id": int, "parent": int | null, "role": "user" | "assistant",
                                       "content": str, "created_at": ISO-8601, "status": str,
                                       "finish_reason": str, "model_name": str}]}]}
@@ -31,6 +31,7 @@ from django.utils.dateparse import parse_datetime
 
 from conversations import branches
 from conversations.models import Conversation, Message
+from documents.selectors import document_names_for_conversations
 
 FORMAT = "chatsite.conversations"
 VERSION = 1
@@ -47,6 +48,7 @@ class ImportRejected(ValueError):
 
 def _conversation_dict(conversation: Conversation) -> dict:
     messages = list(conversation.messages.order_by("id"))
+    files = document_names_for_conversations(conversation_ids=[conversation.id]).get(conversation.id, [])
     return {
         "title": conversation.title,
         "system_prompt": conversation.system_prompt,
@@ -65,6 +67,8 @@ def _conversation_dict(conversation: Conversation) -> dict:
             }
             for m in messages
         ],
+        # The files added to the conversation: names and facts, not their contents (not re-imported).
+        "documents": files,
     }
 
 
@@ -85,6 +89,9 @@ def export_markdown(*, conversations) -> str:
         parts.append(f"# {conversation.title or 'Untitled'}\n")
         if conversation.system_prompt:
             parts.append(f"> System prompt: {conversation.system_prompt}\n")
+        files = document_names_for_conversations(conversation_ids=[conversation.id]).get(conversation.id, [])
+        if files:
+            parts.append("> Files: " + ", ".join(f["name"] for f in files) + "\n")
         for m in branches.active_path(conversation=conversation).messages:
             who = "You" if m.role == Message.Role.USER else "Assistant"
             parts.append(f"## {who} · {timezone.localtime(m.created_at):%Y-%m-%d %H:%M}\n\n{m.content}\n")

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_http_methods
 
 from conversations import archive, selectors
 from conversations.models import Conversation
+from memory.selectors import memory_export
 
 
 def _download(body: str, filename: str, content_type: str) -> HttpResponse:
@@ -19,12 +20,15 @@ def _download(body: str, filename: str, content_type: str) -> HttpResponse:
     return response
 
 
-def _export(conversations, *, fmt: str, stem: str) -> HttpResponse:
+def _export(conversations, *, fmt: str, stem: str, memory: dict | None = None) -> HttpResponse:
     if fmt == "md":
         return _download(
             archive.export_markdown(conversations=conversations), f"{stem}.md", "text/markdown; charset=utf-8"
         )
-    body = json.dumps(archive.export_json(conversations=conversations), ensure_ascii=False, indent=1)
+    document = archive.export_json(conversations=conversations)
+    if memory is not None:
+        document["memory"] = memory  # key facts and the memory switch (docs/memory.md)
+    body = json.dumps(document, ensure_ascii=False, indent=1)
     return _download(body, f"{stem}.json", "application/json; charset=utf-8")
 
 
@@ -40,7 +44,12 @@ def export_all(request):
     """GET ``?format=json|md``: every conversation of the user as one download."""
     conversations = Conversation.objects.filter(owner=request.user, stored=True).order_by("created_at", "id")
     stamp = timezone.now().strftime("%Y%m%d")
-    return _export(conversations, fmt=request.GET.get("format", "json"), stem=f"chatsite-export-{stamp}")
+    return _export(
+        conversations,
+        fmt=request.GET.get("format", "json"),
+        stem=f"chatsite-export-{stamp}",
+        memory=memory_export(user_id=request.user.pk),
+    )
 
 
 @login_required

@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from billing.quota import quota_settle
 from billing.services import usage_record_create
-from conversations import branches
+from conversations import branches, recall
 from conversations.models import Message
+from documents.selectors import citations_for_messages
 from events import broadcast
 
 
@@ -105,7 +106,13 @@ def generation_finish(
             )
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
-        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+        if updated and status == Message.Status.COMPLETED:
+            recall.turn_remember(message=message)  # indexed for memory; embedded after commit
+        done = broadcast.frame_done(message=message)
+        cited = citations_for_messages(message_ids=[message.id]).get(message.id)
+        if cited:  # the passages of the conversation's files this reply was given (chips on the page)
+            done["citations"] = cited
+        broadcast.publish_on_commit(message.id, done)
         if updated and not message.conversation.stored:
             # An API completion without ``store: true`` (conversations/completions.py): the done frame above
             # carries its result; the usage record stays, its message link cleared.

@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.quota import quota_settle
-from conversations import token_budget
+from conversations import recall, token_budget
 from conversations.admission import Admission, load_gate, model_choice, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
 from conversations.reaper import generations_reap_interrupted
@@ -105,6 +105,7 @@ def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admi
     )
     admission.attach(message)
     reply_dispatch(message=message)
+    recall.question_prefetch(reply=message, question=parent.content)
     # Every other tab of the user shows the new branch (tab sync through the per-user group).
     broadcast.publish_to_user_on_commit(
         conversation.owner_id,

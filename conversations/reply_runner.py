@@ -10,6 +10,7 @@ import time
 import redis
 from django.conf import settings
 
+from conversations import recall
 from conversations.context import ContextTooLong, assemble_context
 from conversations.generation_worker import (
     generation_finish,
@@ -20,10 +21,19 @@ from conversations.generation_worker import (
 )
 from conversations.models import Message
 from database.outages import DB_OUTAGE_ERRORS, with_db_retry
+from documents.retrieval import (
+    DocumentsContext,
+    citations_record,
+    conversation_has_documents,
+    documents_budget,
+    documents_context,
+    with_documents,
+)
 from events import broadcast
 from inference.backends import EngineDead
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
+from memory.query import question_vector
 from observability import tracing
 from observability.logs import log_context
 from observability.metrics import ReplyTimer
@@ -146,13 +156,37 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         system_prompt, turns = generation_history(message=message)
         context_limit = min(tier.max_context_tokens, engine.context_length)
         max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
-        context = assemble_context(
-            system_prompt=system_prompt,
-            history=turns,
-            budget_tokens=context_limit - max_new_tokens,
+        budget = context_limit - max_new_tokens
+        cited, vector = _documents_context(engine, message, turns, budget)
+        try:
+            context = assemble_context(
+                system_prompt=with_documents(system_prompt, cited),
+                history=turns,
+                budget_tokens=budget,
+                tokenize=engine.render_chat,
+            )
+        except ContextTooLong:
+            if not cited.text:
+                raise
+            # The passages left no room for the newest turn: answer without them.
+            cited = DocumentsContext()
+            context = assemble_context(
+                system_prompt=system_prompt, history=turns, budget_tokens=budget, tokenize=engine.render_chat
+            )
+        context = recall.context_with_memory(
+            message=message,
+            tier=tier,
+            system_prompt=with_documents(system_prompt, cited),
+            turns=turns,
+            window=context,
+            budget_tokens=budget,
             tokenize=engine.render_chat,
+            count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
+            vector=vector,
         )
         generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
+        if cited.cited:
+            citations_record(reply_id=message.id, cited=cited.cited)
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
@@ -204,6 +238,31 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     )
     with tracing.span("generation.final_write"):
         return _finish(message, final)
+
+
+def _documents_context(engine, message: Message, turns: list[dict], budget: int):
+    """``(DocumentsContext, question vector or None)``: passages of the conversation's files for the newest
+    turn (docs/documents.md). The question's vector (prefetched when the reply was queued) is fetched only
+    for a chat with a ready file, and handed on to memory's recall so it is embedded once."""
+    conversation = message.conversation
+    question = turns[-1]["content"] if turns else ""
+    if not question.strip() or not conversation_has_documents(conversation_id=conversation.id):
+        return DocumentsContext(), None
+    with tracing.span("documents.question_embedding"):
+        vector = question_vector(
+            reply_id=message.id, text=question, timeout_s=settings.MEMORY_QUERY_TIMEOUT_S
+        )
+    if vector is None:
+        return DocumentsContext(), None
+    cited = documents_context(
+        user_id=conversation.owner_id,
+        conversation_id=conversation.id,
+        question=question,
+        vector=vector,
+        budget_tokens=documents_budget(prompt_budget_tokens=budget),
+        count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
+    )
+    return cited, vector
 
 
 def _record_engine_spans(submitted_ns: int, t) -> None:

@@ -9,9 +9,22 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from billing.selectors import tier_backoff
-from conversations import branches, selectors, services, sharing, token_budget
+from conversations import branches, recall, selectors, services, sharing, token_budget
+from documents import selectors as document_selectors
+from documents.progress import document_dict
 from events import broadcast
 from inference.registry import models_for_tier
+from memory.selectors import conversation_memory_enabled
+from memory.services import conversation_memory_set
+
+
+def _with_citations(messages):
+    """Set ``cited`` (the reply's citation chips, ``documents.selectors.citations_for_messages``) on each
+    message; returns ``messages``."""
+    cited = document_selectors.citations_for_messages(message_ids=[m.id for m in messages])
+    for m in messages:
+        m.cited = cited.get(m.id, [])
+    return messages
 
 
 def home(request):
@@ -35,12 +48,13 @@ def _render_chat(request, conversation, *, focus_message_id=None):
         if conversation
         else branches.PathPage(messages=[], has_older=False)
     )
+    recall.attach_recalls(user=request.user, messages=path.messages)
     context = {
         "conversations": selectors.conversation_page_for_user(
             user=request.user, page_number=request.GET.get("page")
         ),
         "conversation": conversation,
-        "chat_messages": path.messages,
+        "chat_messages": _with_citations(path.messages),
         "has_older": path.has_older,
         "focus_message_id": focus_message_id,
         "ws_path": "/ws/chat/",
@@ -57,6 +71,16 @@ def _render_chat(request, conversation, *, focus_message_id=None):
             "maxChars": settings.MAX_MESSAGE_CHARS,
         },
         "shares": sharing.shares_for_conversation(conversation=conversation) if conversation else [],
+        "documents": [
+            document_dict(d) for d in document_selectors.document_list(conversation_id=conversation.id)
+        ]
+        if conversation
+        else [],
+        "documents_max_bytes": settings.DOCUMENTS_MAX_BYTES,
+        "documents_max_mib": f"{settings.DOCUMENTS_MAX_BYTES / (1024 * 1024):g}",
+        "conversation_memory": conversation_memory_enabled(conversation_id=conversation.id)
+        if conversation
+        else True,
     }
     return render(request, "chat/chat.html", context)
 
@@ -96,7 +120,8 @@ def chat_messages(request, conversation_id: int):
         if before.conversation_id != conversation.id:
             raise Http404("message not in this conversation")
     path = branches.active_path(conversation=conversation, before=before, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    recall.attach_recalls(user=request.user, messages=path.messages)
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
@@ -118,7 +143,8 @@ def chat_branch(request, conversation_id: int):
         ),
     )
     path = branches.active_path(conversation=conversation, limit=branches.PATH_PAGE_SIZE)
-    response = render(request, "chat/_messages.html", {"chat_messages": path.messages})
+    recall.attach_recalls(user=request.user, messages=path.messages)
+    response = render(request, "chat/_messages.html", {"chat_messages": _with_citations(path.messages)})
     response["X-Has-Older"] = "1" if path.has_older else "0"
     return response
 
@@ -175,4 +201,19 @@ def chat_system_prompt(request, conversation_id: int):
         flash.error(request, f"System prompt not saved: {exc}.")
     else:
         flash.success(request, "System prompt saved; it applies to the next replies.")
+    return redirect("conversations:detail", conversation_id=conversation.id)
+
+
+@login_required
+@require_POST
+def chat_memory(request, conversation_id: int):
+    """POST ``enabled`` = "on" | "off": let memory use this conversation, or keep it out (off also forgets
+    what memory had kept of it)."""
+    conversation = selectors.conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    enabled = request.POST.get("enabled") == "on"
+    conversation_memory_set(user_id=request.user.pk, conversation_id=conversation.id, enabled=enabled)
+    flash.success(
+        request,
+        "Memory may use this conversation." if enabled else "This conversation is kept out of memory.",
+    )
     return redirect("conversations:detail", conversation_id=conversation.id)

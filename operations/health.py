@@ -82,3 +82,14 @@ def workers_summary() -> list[dict]:
 def readiness() -> dict[str, str]:
     """``{check name: "ok" | reason}`` for every check, in order."""
     return {name: (check() or "ok") for name, check in CHECKS.items()}
+
+
+def vector_store() -> dict | str:
+    """Memory's vector store (issue 27): ``{"backend": "pgvector" | "exact", "vectors": n, "pending": n}``,
+    or a short reason when it cannot be read."""
+    from memory.selectors import store_status
+
+    try:
+        return store_status()
+    except Exception as exc:
+        return f"unreadable ({type(exc).__name__})"

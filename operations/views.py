@@ -41,6 +41,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
         "checks": checks,
         "workers": health.workers_summary(),
     }
+    # Memory's vector store: shown, never failing readiness (replies go on without recall).
+    body["vector_store"] = health.vector_store()
     return JsonResponse(body, status=503 if failing else 200)
 
 

@@ -14,6 +14,12 @@ if ! command -v chromium >/dev/null; then
 fi
 ruff check .
 python manage.py prepare_model
+# The vector-store tests run on both backends: a PostgreSQL with pgvector (bundled in a wheel) for that half.
+if [ -z "${TEST_PGVECTOR_SOCKET_DIR:-}" ]; then
+  TEST_PGVECTOR_SOCKET_DIR="$(python scripts/pgvector_server.py)" \
+    || { TEST_PGVECTOR_SOCKET_DIR=""; echo "pgvector test server did not start: its store tests are skipped" >&2; }
+  export TEST_PGVECTOR_SOCKET_DIR
+fi
 
 run_pytest() {
   local rc=0

@@ -21,6 +21,14 @@ from tests.live_stack import (  # noqa: F401
 collect_ignore = [] if os.environ.get("CHATSITE_TEST_VLLM") == "1" else ["vllm"]
 
 
+@pytest.fixture(scope="session")
+def embedder():
+    """The packaged sentence-embedding model (all-MiniLM-L6-v2), loaded once for the session (~4 s)."""
+    from memory.embedding import Embedder
+
+    return Embedder()
+
+
 @pytest.fixture(autouse=True)
 def fresh_channel_layer():
     """Each test gets new channel layer instances. A RedisChannelLayer counts its receivers and binds its

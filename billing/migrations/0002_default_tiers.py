@@ -10,7 +10,7 @@ def create_tiers(apps, schema_editor):
     # Only the fields this historical Tier has; later migrations set the fields they add.
     known = {f.name for f in Tier._meta.get_fields()}
     for name, values in DEFAULT_TIERS.items():
-        Tier.objects.get_or_create(name=name, defaults={k: v for k, v in values.items() if k in known})
+        Tier.objects.using(schema_editor.connection.alias).get_or_create(name=name, defaults={k: v for k, v in values.items() if k in known})
 
 
 class Migration(migrations.Migration):

@@ -11,7 +11,7 @@ def set_load_defaults(apps, schema_editor):
     """Give the default tiers their own thresholds and backoff (other rows keep the field defaults)."""
     Tier = apps.get_model("billing", "Tier")
     for name, values in DEFAULT_TIERS.items():
-        Tier.objects.filter(name=name).update(**{f: values[f] for f in LOAD_FIELDS})
+        Tier.objects.using(schema_editor.connection.alias).filter(name=name).update(**{f: values[f] for f in LOAD_FIELDS})
 
 
 class Migration(migrations.Migration):

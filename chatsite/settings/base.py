@@ -6,6 +6,7 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import environ
 from kombu import Exchange, Queue
@@ -36,8 +37,10 @@ INSTALLED_APPS = [
     "billing",
     "conversations",
     "inference",
+    "memory",  # recall across conversations and the vector store (issue 27)
     "observability",
     "api",  # the OpenAI-compatible API (issue 10)
+    "documents",  # files uploaded to a conversation, chunked, embedded and cited (issue 27)
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "axes",  # log-in throttling (issue 7)
@@ -78,6 +81,8 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
+# A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
+DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
 # 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
 # (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
 # task, which costs a millisecond against seconds of generation.
@@ -184,6 +189,11 @@ CELERY_TASK_QUEUES = [
         queue_arguments={"x-max-priority": INFERENCE_QUEUE_MAX_PRIORITY},
     )
     for name in INFERENCE_MODELS
+] + [
+    # Embeddings (issue 27): their own queues and worker process (Procfile `embeddings:`). Questions go to
+    # their own queue so a backlog of indexing never delays a reply's retrieval.
+    Queue("embeddings", Exchange("embeddings", type="direct"), routing_key="embeddings"),
+    Queue("embeddings.query", Exchange("embeddings", type="direct"), routing_key="embeddings.query"),
 ]
 MODEL_CACHE_DIR = Path(env("MODEL_CACHE_DIR", default=str(BASE_DIR / "var" / "models")))
 INFERENCE_DEVICE = env("INFERENCE_DEVICE", default="auto")
@@ -307,3 +317,84 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_USERNAME_FORM_FIELD = "username"
 # The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
+
+# --- Memory across conversations (issue 27, docs/memory.md) ---
+# Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).
+MEMORY_ENABLED = env.bool("MEMORY_ENABLED", default=True)
+# auto: pgvector where installed (`manage.py memory_store --install`), else the exact scan; or pgvector | exact.
+MEMORY_VECTOR_BACKEND = env("MEMORY_VECTOR_BACKEND", default="auto")
+if MEMORY_VECTOR_BACKEND not in ("auto", "pgvector", "exact"):
+    raise environ.ImproperlyConfigured("MEMORY_VECTOR_BACKEND must be auto, pgvector or exact")
+# Chunks recalled per reply at most, and the cosine similarity each must reach (all-MiniLM-L6-v2 scores).
+MEMORY_TOP_K = env.int("MEMORY_TOP_K", default=4)
+MEMORY_MIN_SCORE = env.float("MEMORY_MIN_SCORE", default=0.35)
+# The exact-scan store keeps recent users' vectors in each process, up to this many MB (float32).
+MEMORY_EXACT_CACHE_MB = env.int("MEMORY_EXACT_CACHE_MB", default=256)
+# How long a reply waits for its question's embedding before going on without recall (seconds).
+MEMORY_QUERY_TIMEOUT_S = env.float("MEMORY_QUERY_TIMEOUT_S", default=2.0)
+# The embeddings worker: texts per model call, how long to wait to fill a batch (s), torch threads (0: torch's).
+EMBEDDINGS_MAX_BATCH = env.int("EMBEDDINGS_MAX_BATCH", default=64)
+EMBEDDINGS_BATCH_WAIT_S = env.float("EMBEDDINGS_BATCH_WAIT_S", default=0.005)
+EMBEDDINGS_NUM_THREADS = env.int("EMBEDDINGS_NUM_THREADS", default=1)
+# Its Prometheus endpoint ("" disables, 0 picks a free port).
+_embeddings_metrics_port = env("EMBEDDINGS_METRICS_PORT", default="9102")
+EMBEDDINGS_METRICS_PORT = int(_embeddings_metrics_port) if _embeddings_metrics_port else None
+CELERY_TASK_ROUTES = {
+    "memory.embed_chunks": {"queue": "embeddings", "routing_key": "embeddings"},
+    "memory.embed_query": {"queue": "embeddings.query", "routing_key": "embeddings.query"},
+    "documents.process": {"queue": "embeddings", "routing_key": "embeddings"},  # uploaded files
+}
+
+# --- Documents (issue 27): files uploaded to a conversation, chunked with overlap, embedded, cited ---
+# Limits, checked at upload (by content, not by name) and again while the file is processed.
+DOCUMENTS_MAX_BYTES = env.int("DOCUMENTS_MAX_BYTES", default=10 * 1024 * 1024)
+DOCUMENTS_MAX_PAGES = env.int("DOCUMENTS_MAX_PAGES", default=200)
+# A DOCX is a zip: the sum of its entries' uncompressed sizes (a zip bomb stops here).
+DOCUMENTS_MAX_UNCOMPRESSED_BYTES = env.int("DOCUMENTS_MAX_UNCOMPRESSED_BYTES", default=50 * 1024 * 1024)
+# Extracted text of one file (characters); past it the file is refused rather than cut.
+DOCUMENTS_MAX_TEXT_CHARS = env.int("DOCUMENTS_MAX_TEXT_CHARS", default=1_000_000)
+DOCUMENTS_MAX_PER_CONVERSATION = env.int("DOCUMENTS_MAX_PER_CONVERSATION", default=20)
+# Chunking: word pieces (tokens of the embedding model) per chunk, and those shared by neighbouring chunks of
+# the same page; all-MiniLM-L6-v2 was trained on 128-piece inputs and reads at most 256.
+DOCUMENTS_CHUNK_TOKENS = env.int("DOCUMENTS_CHUNK_TOKENS", default=128)
+DOCUMENTS_CHUNK_OVERLAP_TOKENS = env.int("DOCUMENTS_CHUNK_OVERLAP_TOKENS", default=24)
+if not 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256:
+    raise environ.ImproperlyConfigured(
+        "need 0 <= DOCUMENTS_CHUNK_OVERLAP_TOKENS < DOCUMENTS_CHUNK_TOKENS <= 256"
+    )
+# Retrieval for each question: at most this many chunks of the conversation's documents, each at least
+# this cosine similarity to the question.
+DOCUMENTS_TOP_K = env.int("DOCUMENTS_TOP_K", default=4)
+DOCUMENTS_MIN_SCORE = env.float("DOCUMENTS_MIN_SCORE", default=0.2)
+# Where files are stored: "local" (DOCUMENTS_ROOT on this machine's disk) or "s3" (any S3-compatible object
+# store through django-storages; AWS_* variables below). Every process (web, workers) must see the same store.
+DOCUMENTS_STORAGE_BACKEND = env("DOCUMENTS_STORAGE_BACKEND", default="local")
+DOCUMENTS_ROOT = env("DOCUMENTS_ROOT", default=str(BASE_DIR / "var" / "documents"))
+if DOCUMENTS_STORAGE_BACKEND == "local":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # No base_url: files are never served by URL, only read by the workers through the storage API.
+        "OPTIONS": {"location": DOCUMENTS_ROOT, "base_url": None},
+    }
+elif DOCUMENTS_STORAGE_BACKEND == "s3":
+    DOCUMENTS_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env("AWS_STORAGE_BUCKET_NAME"),  # no default: required for s3
+            "endpoint_url": env("AWS_S3_ENDPOINT_URL", default="") or None,  # MinIO, Ceph, R2, ...
+            "region_name": env("AWS_S3_REGION_NAME", default="") or None,
+            "access_key": env("AWS_S3_ACCESS_KEY_ID", default="") or None,
+            "secret_key": env("AWS_S3_SECRET_ACCESS_KEY", default="") or None,
+            "location": env("DOCUMENTS_S3_PREFIX", default="documents"),
+            "addressing_style": env("AWS_S3_ADDRESSING_STYLE", default="") or None,
+            "default_acl": None,
+            "file_overwrite": False,
+            "querystring_auth": True,
+        },
+    }
+else:
+    raise environ.ImproperlyConfigured("DOCUMENTS_STORAGE_BACKEND must be local or s3")
+# The Celery queue that parses and embeds uploaded files (the embeddings workers consume it).
+DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
+# Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
+DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)

@@ -4,7 +4,7 @@
 """
 
 from .base import *  # noqa: F401,F403
-from .base import env
+from .base import DOCUMENTS_STORAGE, env
 
 DEBUG = False
 SECRET_KEY = env("SECRET_KEY")  # no default: ImproperlyConfigured when missing
@@ -25,4 +25,5 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    "documents": DOCUMENTS_STORAGE,
 }

@@ -14,13 +14,21 @@ os.environ.setdefault(
 )
 
 from .base import *  # noqa: E402,F401,F403
-from .base import CHANNEL_LAYERS, DATABASES, env  # noqa: E402
+from .base import BASE_DIR, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Uploaded documents: always the local filesystem, in a directory of their own (the live-stack tests' daphne and
+# workers are other processes and must see the same files). The S3 backend is tested with moto's fake S3.
+DOCUMENTS_ROOT = env("TEST_DOCUMENTS_ROOT", default=str(BASE_DIR / "var" / "test-documents"))
+DOCUMENTS_STORAGE = {
+    "BACKEND": "django.core.files.storage.FileSystemStorage",
+    "OPTIONS": {"location": DOCUMENTS_ROOT, "base_url": None},
+}
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "documents": DOCUMENTS_STORAGE,
 }
 REDIS_URL = env("TEST_REDIS_URL", default="redis://127.0.0.1:6379/9")
 CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [REDIS_URL]
@@ -37,3 +45,18 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests
 # Worker metrics on a free port (published in the fleet status): parallel test runs never collide.
 METRICS_WORKER_PORT = 0
+
+# A PostgreSQL with the pgvector extension for the vector-store tests (tests/db/test_memory_store.py): the
+# socket directory of the server scripts/pgvector_server.py starts (scripts/test.sh exports it). Unset, the
+# pgvector half of those tests is skipped and says why.
+TEST_PGVECTOR_SOCKET_DIR = env("TEST_PGVECTOR_SOCKET_DIR", default="")
+if TEST_PGVECTOR_SOCKET_DIR:
+    DATABASES["pgvector"] = {
+        **DATABASES["default"],
+        "HOST": TEST_PGVECTOR_SOCKET_DIR,
+        "PORT": "",
+        "USER": "postgres",
+        "PASSWORD": "",
+        "NAME": f"{DATABASES['default']['NAME']}_pgvector",
+        "TEST": {"NAME": f"test_{DATABASES['default']['NAME']}_pgvector"},
+    }

@@ -306,6 +306,7 @@
       const reload = (state.active?.id === m.message_id && state.active.reloadOnDone) || branches.isStale();
       if (state.active?.id === m.message_id) endActive();
       render.finish(el, m);
+      if (m.citations) Chat.documents?.renderCitations(el, m.citations);
       if (stick) scrollToBottom();
       refreshControls();
       if (reload) branches.reload().then(adoptActiveFromList).then(scrollToBottom).catch(() => {});
@@ -348,6 +349,7 @@
       }
     },
     session_ended() { setConn('closed'); },
+    document(m) { Chat.documents?.frame(m); }, // a file's processing state (documents.js)
   };
 
   let renderScheduled = false;
@@ -379,6 +381,7 @@
         if (a.stopping) socket.send({ type: 'stop', message_id: a.id });
       }
       if (state.pending && !state.retryTimer) transmit();
+      Chat.documents?.reload().catch(() => {}); // file states sent while the socket was down
     },
     close() {
       const p = state.pending;
@@ -433,6 +436,8 @@
     else if (t.closest('.continue-button')) continueReply();
   });
   $('.banner-dismiss', els.banner).addEventListener('click', hideBanner);
+  // A file dropped on a new chat started it (documents.js): this page now shows that conversation.
+  document.addEventListener('chat:conversation', (e) => setConversation(e.detail.id, e.detail.title));
 
   // ---------- Start ----------
   render.hydrate(els.list);

@@ -16,12 +16,15 @@ PRODUCT_PACKAGES = (
     "api",
     "operations",
     "conversations",
+    "memory",
     "accounts",
     "billing",
     "inference",
     "events",
     "observability",
     "database",
+    "documents",
+    "memory",
 )
 #: Product files allowed past MAX_LINES, each with its reason.
 LONG_FILE_EXCEPTIONS = {

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand
 
 from inference import fleet
 from inference.models import ModelRollout
-from operations import selectors
+from operations import health, selectors
 
 
 class Command(BaseCommand):
@@ -17,6 +17,7 @@ class Command(BaseCommand):
             self.replies_summary(selectors.queued_by_tier(), selectors.active_replies_by_status())
         )
         self.stdout.write(self.broker_summary(self.broker_depths()))
+        self.stdout.write(self.vector_store_summary(health.vector_store()))
         for rollout in ModelRollout.objects.order_by("model_name"):
             self.stdout.write(f"rollout {rollout}")
 
@@ -58,6 +59,16 @@ class Command(BaseCommand):
         except Exception:
             pass
         return depths
+
+    @staticmethod
+    def vector_store_summary(status: dict | str) -> str:
+        """One line: memory's vector backend, vectors held and chunks awaiting embedding."""
+        if isinstance(status, str):
+            return f"vector store: {status}"
+        return (
+            f"vector store: {status['backend']}, {status['vectors']} vectors, "
+            f"{status['pending']} chunks awaiting embedding"
+        )
 
     @staticmethod
     def broker_summary(depths: dict[str, int | None]) -> str:

@@ -1,0 +1,112 @@
+"""Memory in a reply's life: recall into the context before prefill, indexing after the reply completes,
+and what the page shows of it. The retrieval itself is memory's (``memory.recall``, ``memory.services``);
+this module only knows which messages a reply's window holds and where a reply's turn begins.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from conversations import branches
+from conversations.context import AssembledContext, ContextTooLong, assemble_context
+from conversations.models import Message
+from memory import query as memory_query
+from memory import services as memory_services
+from memory.recall import memory_context
+from memory.selectors import recalls_for_replies
+
+logger = logging.getLogger(__name__)
+
+
+def window_message_ids(*, message: Message, omitted: int) -> list[int]:
+    """Ids of the messages inside ``message``'s sliding window: its ancestors kept by
+    ``generation_history`` (same filter: user and assistant turns with text), less the ``omitted`` oldest."""
+    earlier = [
+        m
+        for m in branches.ancestors(message=message)
+        if m.content and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+    ]
+    return [m.id for m in earlier[omitted:]]
+
+
+def context_with_memory(
+    *,
+    message: Message,
+    tier,
+    system_prompt: str,
+    turns: list[dict[str, str]],
+    window: AssembledContext,
+    budget_tokens: int,
+    tokenize: Callable[[list[dict[str, str]]], list[int]],
+    count_tokens: Callable[[str], int],
+    vector=None,
+) -> AssembledContext:
+    """``window`` (the context assembled without memory) with the user's key facts and the chunks recalled
+    for the newest turn added to the system message, the window fitted again around it; the recalled
+    chunks are recorded for the page. Returns ``window`` unchanged when memory adds nothing, is off, or
+    fails (a reply never fails for memory)."""
+    conversation = message.conversation
+    if not conversation.stored or tier.memory_budget_tokens <= 0 or not turns:
+        return window
+    try:
+        memory = memory_context(
+            user_id=conversation.owner_id,
+            conversation_id=conversation.id,
+            question=turns[-1]["content"],
+            window_message_ids=window_message_ids(message=message, omitted=window.omitted),
+            budget_tokens=tier.memory_budget_tokens,
+            count_tokens=count_tokens,
+            reply_id=message.id,
+            vector=vector,  # the question's embedding when documents retrieval already fetched it
+        )
+        if not memory.text:
+            return window
+        head = f"{system_prompt}\n\n{memory.text}" if system_prompt else memory.text
+        # The recalled chunks were outside the first window; the new window is a suffix of it, so they
+        # still are.
+        with_memory = assemble_context(
+            system_prompt=head, history=turns, budget_tokens=budget_tokens, tokenize=tokenize
+        )
+        memory_services.recalls_record(reply_id=message.id, hits=memory.hits)
+        return with_memory
+    except ContextTooLong:
+        return window
+    except Exception:  # noqa: BLE001 - recall is an extra: the reply goes on with the plain window
+        logger.exception("memory recall failed for reply %s", message.id)
+        return window
+
+
+def question_prefetch(*, reply: Message, question: str) -> None:
+    """When ``reply`` is queued: have its question embedded already, so recall costs no round trip before
+    prefill (``memory.query.question_prefetch``). Skipped where recall will not run."""
+    conversation = reply.conversation
+    if conversation.stored and conversation.owner.tier.memory_budget_tokens > 0 and question.strip():
+        memory_query.question_prefetch(reply_id=reply.id, text=question)
+
+
+def turn_remember(*, message: Message) -> None:
+    """After ``message`` (a reply) completed, inside its final write's transaction: index its turn and
+    keep a "remember that ..." question as a key fact (``memory.services.turn_completed``)."""
+    conversation = message.conversation
+    parent = message.parent
+    if not conversation.stored or not message.content or parent is None or parent.role != Message.Role.USER:
+        return
+    memory_services.turn_completed(
+        user_id=conversation.owner_id,
+        conversation_id=conversation.id,
+        reply_id=message.id,
+        question=parent.content,
+        reply=message.content,
+    )
+
+
+def attach_recalls(*, user, messages: Iterable[Message]) -> None:
+    """Set ``m.recalled`` (list of ``memory.selectors.RecalledView``) on each reply in ``messages``, for the
+    chat page's "recalled from" notes."""
+    messages = list(messages)
+    recalled = recalls_for_replies(
+        user_id=user.pk, reply_ids=[m.id for m in messages if m.role == Message.Role.ASSISTANT]
+    )
+    for m in messages:
+        m.recalled = recalled.get(m.id, [])
