@@ -64,8 +64,10 @@ def vllm_status() -> fleet.WorkerStatus | None:
 
 
 def test_the_worker_announces_its_backend_and_serves_vllms_metrics(vllm_worker, client, redis_clean):
+    # The metrics endpoint starts just after the engine is ready; its port is published once it listens.
+    assert wait_for(lambda: (s := vllm_status()) is not None and s.metrics_port, 30)
     status = vllm_status()
-    assert status is not None and status.ready and status.health == "ok" and status.model == MODEL
+    assert status.ready and status.health == "ok" and status.model == MODEL
     # vLLM's own Prometheus series and chatsite's engine gauges, on the worker's one metrics port.
     metrics = (
         urllib.request.urlopen(f"http://127.0.0.1:{status.metrics_port}/metrics", timeout=10).read().decode()
