@@ -98,6 +98,13 @@ def from_admission(refused, *, user) -> ApiError:
     return ApiError(429, refused.message, type="requests", code=code, headers={"Retry-After": retry})
 
 
+def content_policy_violation(message: str) -> ApiError:
+    """400 ``content_policy_violation`` (OpenAI's code for a prompt its moderation refused)."""
+    return ApiError(
+        400, message, type="invalid_request_error", param="messages", code="content_policy_violation"
+    )
+
+
 def completion_failed(done: dict) -> ApiError:
     """500 for a reply whose ``done`` frame says it ended without completing (failed, interrupted, or
     cancelled elsewhere); ``code`` is that status."""

@@ -59,7 +59,8 @@ class CompletionStream:
                             yield self._chunk(delta={"content": frame["text"]})
                         continue
                     done, sub.ended = frame, True
-                    if done["status"] != Message.Status.COMPLETED:
+                    # A blocked reply ends like a completed one, with finish_reason "content_filter".
+                    if done["status"] not in (Message.Status.COMPLETED, Message.Status.BLOCKED):
                         yield chunks.sse(completion_failed(done).body())
                         return
                     streamed = "".join(sent)

@@ -2,13 +2,14 @@
 
 from django.urls import path, re_path
 
-from api import documents, v1, views  # noqa: F401  (documents: routes on the history API)
+from api import documents, moderations, v1, views  # noqa: F401  (documents: routes on the history API)
 from api.history import history_api
 
 app_name = "api"
 v1_urlpatterns = [
     path("chat/completions", v1.chat_completions, name="chat-completions"),
     path("models", v1.models_list, name="models"),
+    path("moderations", moderations.moderations, name="moderations"),
     path("models/<path:model_id>", v1.model_detail, name="model"),
     re_path(r"^(?P<rest>.*)$", v1.not_found),
 ]

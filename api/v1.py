@@ -27,6 +27,7 @@ from api.chat_request import ChatRequest, parse_chat_request
 from api.errors import (
     ApiError,
     completion_failed,
+    content_policy_violation,
     from_admission,
     invalid,
     model_not_found,
@@ -37,6 +38,7 @@ from api.streaming import CompletionStream
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
 from conversations.models import Message
+from conversations.moderation import ContentBlocked
 from database.connections import close_request_connections
 from events import broadcast
 from inference.registry import models_for_tier
@@ -98,6 +100,8 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
         )
     except AdmissionRefused as refused:
         raise from_admission(refused, user=user) from refused
+    except ContentBlocked as blocked:
+        raise content_policy_violation(str(blocked)) from blocked
     # As OpenAI does on every response, so clients can pace themselves before they hit a 429.
     reply.rate_limit_headers = rate_limit_headers(user=user)
     return reply
@@ -187,8 +191,9 @@ async def _complete(sub: ReplySubscription, ids: dict) -> JsonResponse:
     finally:
         # Client gone (CancelledError), timed out, or done: cancel the reply unless it ended.
         await sub.aclose()
-    if done["status"] != Message.Status.COMPLETED:
+    if done["status"] not in (Message.Status.COMPLETED, Message.Status.BLOCKED):
         return completion_failed(done).response()
+    # A reply the output chain blocked: OpenAI's finish_reason "content_filter" and no text (done carries none).
     return JsonResponse(
         chunks.completion(
             content=done["content"],

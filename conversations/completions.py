@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations import generations
+from conversations import generations, moderation
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
@@ -38,11 +38,20 @@ def completion_request(
     transaction, before the dispatch, so a caller can subscribe to the reply's stream without missing a frame.
 
     The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
-    stored). Returns the queued reply.
+    stored), ``moderation.ContentBlocked`` when the input chain blocks the request's user turns (checked
+    before admission; with ``store`` the conversation is kept with its last user turn marked ``blocked``,
+    without it only the verdict, holding the text for staff review). Returns the queued reply.
     """
     system_prompt = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     turns = [m for m in messages if m["role"] != "system"]
     first_user = next((m["content"] for m in turns if m["role"] == "user"), "")
+    # Every user turn is the client's text (an injection in an earlier turn is still one); one chain run.
+    user_text = "\n\n".join(m["content"] for m in turns if m["role"] == "user")
+    verdict = moderation.input_check(user=user, text=user_text)
+    if verdict.blocked:
+        raise _store_blocked(
+            user=user, verdict=verdict, turns=turns, system_prompt=system_prompt, store=store
+        )
     # An OpenAI client names a model in every request: naming the tier's own model asks for the tier's routing
     # (it may be answered by the degrade_to_model under load, and the response's ``model`` says so); naming
     # another of the tier's models pins it, as a choice on the page does.
@@ -64,8 +73,10 @@ def completion_request(
         )
         # Through message_create: each turn follows the previous one on the branch tree (issue 12), so the
         # reply's context (its ancestors) holds every turn of the request.
+        last_user = None
         for turn in turns:
-            message_create(conversation=conversation, role=turn["role"], content=turn["content"])
+            created = message_create(conversation=conversation, role=turn["role"], content=turn["content"])
+            last_user = created if turn["role"] == "user" else last_user
         reply = message_create(
             conversation=conversation,
             role=Message.Role.ASSISTANT,
@@ -76,11 +87,34 @@ def completion_request(
         reply.sampling = sampling or None
         reply.save(update_fields=["sampling"])
         admission.attach(reply)
+        moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
         conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)
         reply_dispatch(message=reply)
     return reply
+
+
+def _store_blocked(*, user, verdict, turns, system_prompt: str, store: bool) -> Exception:
+    """Keep a blocked request for review: with ``store``, its conversation with the last user turn marked
+    ``blocked`` and no reply; without, only the verdict (``message`` None). Returns the exception to raise."""
+    user_text = "\n\n".join(m["content"] for m in turns if m["role"] == "user")
+    with transaction.atomic():
+        if not store:
+            moderation.input_record(verdict=verdict, user=user, message=None, text=user_text)
+            return moderation.ContentBlocked(categories=verdict.categories)
+        conversation = Conversation.objects.create(
+            owner=user,
+            title=title_from_content(next((m["content"] for m in turns if m["role"] == "user"), "")),
+            system_prompt=system_prompt,
+            stored=True,
+        )
+        last_user = max(i for i, m in enumerate(turns) if m["role"] == "user")
+        for turn in turns[:last_user]:
+            message_create(conversation=conversation, role=turn["role"], content=turn["content"])
+        return moderation.blocked_input_store(
+            verdict=verdict, user=user, conversation=conversation, content=turns[last_user]["content"]
+        )
 
 
 def completion_cancel(*, user, message_id: int) -> Message:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import admission, generations, load, load_warmer, refusals
+from conversations import admission, generations, load, load_warmer, moderation, refusals
 from conversations.admission import AdmissionRefused
 from conversations.protocol import (
     ContinueFrame,
@@ -205,6 +205,8 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
             metrics.WS_REFUSAL.labels("read").observe(time.perf_counter() - started)
         except generations.GenerationError as exc:
             await self.send_error(exc.code, str(exc))
+        except moderation.ContentBlocked as exc:  # stored as blocked; the page keeps it with a notice
+            await self.send_json(exc.frame())
         except Http404 as exc:
             await self.send_error("not_found", str(exc) or "Not found.")
         except OUTAGE_ERRORS:

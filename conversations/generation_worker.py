@@ -3,6 +3,8 @@
 (:func:`generation_set_context`) and write its final state once (:func:`generation_finish`).
 """
 
+from collections.abc import Callable
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -43,12 +45,14 @@ def generation_requeue(*, message: Message) -> bool:
 def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
     """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
     are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,
-    cancelled before any token) are left out."""
+    cancelled before any token, blocked) and user messages the content policy blocked are left out."""
     earlier = branches.ancestors(message=message)
     turns = [
         {"role": m.role, "content": m.content}
         for m in earlier
-        if m.content and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+        if m.content
+        and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
+        and m.status != Message.Status.BLOCKED
     ]
     return message.conversation.system_prompt, turns
 
@@ -78,9 +82,12 @@ def generation_finish(
     ttft_ms: int | None = None,
     duration_ms: int | None = None,
     error: str = "",
+    on_written: Callable[[], object] | None = None,
 ) -> Message:
     """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
-    Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message."""
+    Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message.
+    ``on_written`` runs inside the transaction when the write happened (the reply runner stores the output
+    moderation verdict there)."""
     with transaction.atomic():
         updated = Message.objects.filter(
             pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
@@ -106,6 +113,8 @@ def generation_finish(
             )
         if updated:  # release the quota reserved at admission; charge the real count
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
+        if updated and on_written is not None:
+            on_written()
         if updated and status == Message.Status.COMPLETED:
             recall.turn_remember(message=message)  # indexed for memory; embedded after commit
         done = broadcast.frame_done(message=message)

@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.quota import quota_settle
-from conversations import recall, token_budget
+from conversations import moderation, recall, token_budget
 from conversations.admission import Admission, load_gate, model_choice, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
 from conversations.reaper import generations_reap_interrupted
@@ -138,6 +138,8 @@ def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
     )
     if user_message is None:
         return None
+    if user_message.status == Message.Status.BLOCKED:  # a resend of a message the content policy refused
+        raise moderation.blocked_again(message=user_message)
     # The reply queued with it is its first assistant child (later ones are regenerated siblings).
     assistant = user_message.children.filter(role=Message.Role.ASSISTANT).order_by("id").first()
     if assistant is None:  # its reply was deleted since; the page already moved on
@@ -163,7 +165,8 @@ def reply_request(
     Raises ``GenerationError("invalid_request")`` for empty/too long content,
     ``GenerationError("context_too_long")`` when it cannot fit the plan's context (the real limit in tokens
     and words), ``ConversationNotFound``, ``AdmissionRefused`` (``model_not_found`` for a model the tier
-    may not use; nothing stored in any case).
+    may not use; nothing stored in any case), ``moderation.ContentBlocked`` when the input chain blocks it
+    (checked before admission: the message is stored as ``blocked``, no reply, nothing reserved).
     """
     if not (content or "").strip():
         raise GenerationError("invalid_request", "The message is empty.")
@@ -171,6 +174,11 @@ def reply_request(
         existing = _ticket_for_client_id(user=user, client_id=client_id)
         if existing is not None:
             return existing
+    verdict = moderation.input_check(user=user, text=content.strip())
+    if verdict.blocked:
+        raise _store_blocked(
+            user=user, verdict=verdict, conversation_id=conversation_id, content=content, client_id=client_id
+        )
     # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
     # (cached figures only).
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
@@ -194,6 +202,7 @@ def reply_request(
             user_message = message_create(
                 conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
             )
+            moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
             assistant = _queue_reply(conversation=conversation, parent=user_message, admission=admission)
     except IntegrityError:
         existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
@@ -201,6 +210,25 @@ def reply_request(
             raise
         return existing
     return _ticket(assistant, user_message_id=user_message.id, admission=admission)
+
+
+def _store_blocked(*, user, verdict, conversation_id: int | None, content: str, client_id) -> Exception:
+    """Store a message the input chain blocked (a new conversation when ``conversation_id`` is None) and
+    return the ``ContentBlocked`` to raise; a too long message is refused as any other."""
+    with transaction.atomic():
+        if conversation_id is None:
+            system_prompt = user.default_system_prompt
+        else:
+            conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+            system_prompt = conversation.system_prompt
+        content = _validate_content(user=user, content=content, system_prompt=system_prompt)
+        if conversation_id is None:
+            conversation = conversation_create(
+                owner=user, title=title_from_content(content), client_id=client_id
+            )
+        return moderation.blocked_input_store(
+            verdict=verdict, user=user, conversation=conversation, content=content, client_id=client_id
+        )
 
 
 def reply_regenerate(*, user, conversation_id: int, model: str | None = None) -> ReplyTicket:
@@ -223,6 +251,10 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
         parent = newest if newest.role == Message.Role.USER else newest.parent
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
+        if parent.status == Message.Status.BLOCKED:
+            raise GenerationError(
+                "content_policy", "This message was blocked by the content policy; edit it instead."
+            )
         admission = reply_admit(
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
@@ -238,7 +270,8 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
     for :func:`reply_request`.
 
     Raises ``MessageNotFound``, ``GenerationError`` (not a user message, bad content, a reply still
-    active), ``AdmissionRefused``; nothing is stored then.
+    active), ``AdmissionRefused``; nothing is stored then. ``moderation.ContentBlocked`` when the input chain
+    blocks the new text (stored as a ``blocked`` sibling, no reply).
     """
     with transaction.atomic():
         original = message_get_for_user(user=user, message_id=message_id)
@@ -247,15 +280,24 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
         conversation = original.conversation
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
         _refuse_if_busy(conversation)
-        admission = reply_admit(
-            user=user,
-            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
-            model_name=_chosen_model(user=user, conversation=conversation, model=model),
-        )
-        edited = message_create(
-            conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
-        )
-        assistant = _queue_reply(conversation=conversation, parent=edited, admission=admission)
+        verdict = moderation.input_check(user=user, text=content)
+        if verdict.blocked:  # stored as a blocked sibling and committed; raised below, outside the block
+            blocked = moderation.blocked_input_store(
+                verdict=verdict, user=user, conversation=conversation, content=content, parent=original.parent
+            )
+        else:
+            admission = reply_admit(
+                user=user,
+                prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+                model_name=_chosen_model(user=user, conversation=conversation, model=model),
+            )
+            edited = message_create(
+                conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
+            )
+            moderation.input_record(verdict=verdict, user=user, message=edited, text=content)
+            assistant = _queue_reply(conversation=conversation, parent=edited, admission=admission)
+    if verdict.blocked:
+        raise blocked
     return _ticket(assistant, user_message_id=edited.id, admission=admission)
 
 

@@ -53,7 +53,8 @@ class Conversation(models.Model):
 
 
 class Message(models.Model):
-    """One turn. Assistant messages move ``queued -> streaming -> completed | cancelled | failed | interrupted``;
+    """One turn. Assistant messages move ``queued -> streaming -> completed | cancelled | failed | interrupted |
+    blocked``; a user message is ``completed``, or ``blocked`` when the content policy refused it;
     their text is written once, when the generation ends. Durations in milliseconds."""
 
     class Role(models.TextChoices):
@@ -68,6 +69,10 @@ class Message(models.Model):
         CANCELLED = "cancelled"
         FAILED = "failed"
         INTERRUPTED = "interrupted"
+        # The content policy (safety/) refused it: a user's message that got no reply (its text kept and
+        # shown to its author), or a reply cut while streaming (stored without text; staff read it in the
+        # review queue).
+        BLOCKED = "blocked"
 
     ACTIVE_STATUSES = (Status.QUEUED, Status.STREAMING)
 

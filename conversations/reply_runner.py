@@ -1,5 +1,10 @@
 """The thin adapter between the product and the engine: loads a reply's conversation, assembles its context,
 streams the engine's deltas through ``events.broadcast`` and persists the result.
+
+Output moderation (docs/safety.md): every delta goes through the reply's ``OutputMonitor`` on this task
+thread (never the engine's loop thread) before it is published; when a check blocks, the request is
+cancelled at once (Stop's path: the engine frees the slot at its next step), nothing more is published,
+the replay stream is deleted, and the reply is stored ``blocked`` without its text.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from memory.query import question_vector
 from observability import tracing
 from observability.logs import log_context
 from observability.metrics import ReplyTimer
+from safety.chain import Verdict
+from safety.services import verdict_record
+from safety.streaming import OutputMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -207,10 +215,18 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         handle.cancel()
     final: FinishEvent | None = None
     publish_failures = 0
+    monitor = OutputMonitor(tier=tier, user_id=message.conversation.owner_id)
+    blocked: Verdict | None = None
     with tracing.quiet():  # one Redis span per delta would drown the trace
         for event in handle.events():
             if isinstance(event, TokenEvent):
                 timer.token(len(event.token_ids))
+                if blocked is not None:
+                    continue  # deltas the engine made before the cancel reached it: never published
+                blocked = monitor.feed(event.text, len(event.token_ids))
+                if blocked is not None:
+                    handle.cancel()
+                    continue
                 try:
                     broadcast.publish(
                         message.id,
@@ -236,8 +252,11 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         round(t.ttft_ms) if t.ttft_ms is not None else "-",
         t.total_ms,
     )
+    verdict = blocked or monitor.finish(final.text)  # the whole reply, once at the end
     with tracing.span("generation.final_write"):
-        return _finish(message, final)
+        if verdict is not None and verdict.blocked:
+            return _finish_blocked(message, final, verdict)
+        return _finish(message, final, verdict)
 
 
 def _documents_context(engine, message: Message, turns: list[dict], budget: int):
@@ -279,15 +298,48 @@ def _record_engine_spans(submitted_ns: int, t) -> None:
     tracing.record_span("engine.decode", first, end)
 
 
-def _finish(message: Message, final: FinishEvent) -> str:
+def _finish(message: Message, final: FinishEvent, verdict: Verdict | None = None) -> str:
     return finish(
         message=message,
         status=STATUS_BY_FINISH[final.finish_reason],
         text=final.text,
         finish_reason=final.finish_reason,
+        on_written=_recorder(message, verdict, ""),
         prompt_tokens=final.usage.prompt_tokens,
         completion_tokens=final.usage.completion_tokens,
         ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
         duration_ms=round(final.timings.total_ms),
         error=final.error or "",
+    )
+
+
+def _recorder(message: Message, verdict: Verdict | None, text: str):
+    """The final write's hook that stores the output verdict in its transaction (None: nothing to record)."""
+    if verdict is None:
+        return None
+    return lambda: verdict_record(
+        verdict=verdict, user=message.conversation.owner, message_id=message.id, text=text
+    )
+
+
+def _finish_blocked(message: Message, final: FinishEvent, verdict: Verdict) -> str:
+    """Store a reply the output chain blocked: status ``blocked``, ``finish_reason`` ``content_filter``
+    (OpenAI's value) and no text; the text generated goes to the verdict, for staff only. The replay stream
+    is deleted first, so no resume after a refresh can show what was streamed. Tokens generated are charged,
+    as for Stop."""
+    try:
+        broadcast.stream_discard(message.id)
+    except REDIS_ERRORS:  # it expires with STREAM_REPLAY_TTL_S; resume reads the stored (empty) text first
+        logger.warning("could not delete the replay stream of blocked message %s", message.id)
+    logger.info("reply blocked by the output chain: %s by %s", ",".join(verdict.categories), verdict.guard)
+    return finish(
+        message=message,
+        status=Message.Status.BLOCKED,
+        text="",
+        finish_reason="content_filter",
+        prompt_tokens=final.usage.prompt_tokens,
+        completion_tokens=final.usage.completion_tokens,
+        ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
+        duration_ms=round(final.timings.total_ms),
+        on_written=_recorder(message, verdict, final.text),
     )

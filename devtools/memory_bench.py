@@ -74,7 +74,7 @@ def bench_embed(args) -> None:
     from memory.batching import EmbeddingBatcher
     from memory.embedding import Embedder
 
-    embedder = Embedder()
+    embedder = Embedder(num_threads=args.threads)  # as the worker runs it (EMBEDDINGS_NUM_THREADS)
     batcher = EmbeddingBatcher(embedder.encode, max_batch=64, max_wait_s=0.005)
     texts = [TURN.format(n=i) for i in range(args.chunks)]
     tasks = [texts[i : i + 32] for i in range(0, len(texts), 32)]  # as memory.embed_chunks tasks carry them
@@ -87,7 +87,7 @@ def bench_embed(args) -> None:
         return len(texts) / (time.perf_counter() - started)
 
     idle = [one_round() for _ in range(args.rounds)]
-    print(f"embedding throughput, chat engine idle: {fmt(idle, ' chunks/s')}")
+    print(f"embedding throughput ({args.threads} thread), chat engine idle: {fmt(idle, ' chunks/s')}")
     load = subprocess.Popen(
         [sys.executable, "-m", "devtools.memory_bench", "_engine_load", "--seconds", "600"],
         cwd=ROOT,
@@ -101,7 +101,9 @@ def bench_embed(args) -> None:
     finally:
         load.terminate()
         load.wait(30)
-    print(f"embedding throughput, chat engine busy (8 replies decoding): {fmt(busy, ' chunks/s')}")
+    print(
+        f"embedding throughput ({args.threads} thread), chat engine busy (8 replies decoding): {fmt(busy, ' chunks/s')}"
+    )
     batcher.stop()
 
 
@@ -386,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("embed")
     e.add_argument("--rounds", type=int, default=3)
     e.add_argument("--chunks", type=int, default=512)
+    e.add_argument("--threads", type=int, default=1, help="torch threads, as EMBEDDINGS_NUM_THREADS")
     r = sub.add_parser("retrieval")
     r.add_argument("--sizes", default="1000,10000,100000")
     r.add_argument("--queries", type=int, default=200)

@@ -127,16 +127,26 @@ def frame_conversation(*, kind: str, conversation_id: int, title: str = "") -> d
 
 
 def frame_error(
-    *, code: str, message: str, retry_after: float | None = None, message_id: int | None = None
+    *,
+    code: str,
+    message: str,
+    retry_after: float | None = None,
+    message_id: int | None = None,
+    conversation_id: int | None = None,
 ) -> dict[str, Any]:
-    """``error``: ``code`` from the protocol; ``retry_after`` seconds where waiting helps."""
-    return {
+    """``error``: ``code`` from the protocol; ``retry_after`` seconds where waiting helps. A
+    ``content_policy`` error also names the stored blocked message (``message_id``) and its
+    ``conversation_id``."""
+    frame = {
         "type": "error",
         "code": code,
         "message": message,
         "retry_after": retry_after,
         "message_id": message_id,
     }
+    if conversation_id is not None:
+        frame["conversation_id"] = conversation_id
+    return frame
 
 
 # --- publishing (sync callers: services, Celery task threads) ------------------------------------------------
@@ -239,6 +249,12 @@ def request_cancel(message_id: int) -> None:
 def stream_text(message_id: int) -> str:
     """The text streamed so far for ``message_id`` (concatenated replay stream), "" when none."""
     return "".join(fields[b"text"].decode() for _id, fields in redis_client().xrange(stream_key(message_id)))
+
+
+def stream_discard(message_id: int) -> None:
+    """Delete the replay stream of ``message_id``: a reply the content policy blocked must not be replayed
+    to a tab that resumes after a refresh."""
+    redis_client().delete(stream_key(message_id))
 
 
 def cancel_requested(message_id: int) -> bool:

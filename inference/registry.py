@@ -83,6 +83,17 @@ def _memory_target(mb: float) -> float | None:
     return mb
 
 
+def _kernel_memory(value: str) -> str:
+    """``INFERENCE_KERNEL_MEMORY``: ``fast`` or ``low`` (``EngineConfig.kernel_memory``).
+
+    Raises:
+        ImproperlyConfigured: anything else.
+    """
+    if value not in ("fast", "low"):
+        raise ImproperlyConfigured(f"INFERENCE_KERNEL_MEMORY must be 'fast' or 'low', got {value!r}")
+    return value
+
+
 def engine_config() -> EngineConfig:
     """Engine limits from settings (``INFERENCE_*``)."""
     return EngineConfig(
@@ -96,6 +107,7 @@ def engine_config() -> EngineConfig:
         prefix_cache_tokens=settings.INFERENCE_PREFIX_CACHE_TOKENS,
         kv_cache_memory_mb=_memory_target(settings.INFERENCE_KV_CACHE_MEMORY_MB),
         native_kernels=settings.INFERENCE_NATIVE_KERNELS,
+        kernel_memory=_kernel_memory(settings.INFERENCE_KERNEL_MEMORY),
     )
 
 

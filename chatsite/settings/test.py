@@ -9,7 +9,15 @@ os.environ.setdefault(
     "INFERENCE_MODEL_ALIASES",
     ",".join(
         f"{name}=smollm2-135m-instruct"
-        for name in ("killdrill", "dbdrill", "redisdrill", "loaddrill", "page-own", "page-light")
+        for name in (
+            "killdrill",
+            "dbdrill",
+            "redisdrill",
+            "loaddrill",
+            "page-own",
+            "page-light",
+            "safetydrill",
+        )
     ),
 )
 

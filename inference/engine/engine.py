@@ -27,38 +27,32 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .config import EngineConfig, ModelSpec, default_step_budget
-from .detokenizer import OutputProcessor, make_decode_fn
-from .errors import EngineError, EngineStopped, InvalidRequest, QueueFull
+from .detokenizer import make_decode_fn
+from .engine_api import ClientApiMixin, EngineLoad
+from .engine_requests import RequestLifecycleMixin
+from .errors import EngineError, EngineStopped, InvalidRequest
 from .kv_cache import KVCache
 from .loader import LoadedModel, cpu_has_amx, load_model, resolve_device
 from .memory import keep_freed_heap, trim_heap
 from .prefix_cache import PrefixCache
 from .request import (
-    FinishEvent,
-    FinishReason,
     Request,
-    RequestHandle,
-    RequestStatus,
-    SampledTokenEvent,
-    Timings,
-    TokenEvent,
-    Usage,
 )
 from .runner import ModelRunner
-from .sampling import SamplerState, SamplingParams, sample_next_tokens
+from .sampling import sample_next_tokens
 from .scheduler import ScheduledStep, Scheduler
 from .step_stats import StepStats
 from .threads import AdaptiveThreads, default_num_threads, release_calling_thread_openmp_pool
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["EngineLoad", "LLMEngine"]
 
 #: Default per-request KV budget used when ``EngineConfig.kv_cache_tokens`` is ``None``.
 DEFAULT_KV_TOKENS_PER_SEQ = 2048
@@ -68,44 +62,7 @@ DEFAULT_KV_TOKENS_PER_SEQ = 2048
 IDLE_TRIM_S = 1.0
 
 
-@dataclass(frozen=True)
-class EngineLoad:
-    """Snapshot of the engine's occupancy (for admission control / metrics).
-
-    Attributes:
-        waiting: Requests in the waiting queue.
-        running: Requests holding a KV slot (prefilling or decoding).
-        kv_used_tokens: KV tokens reserved by running requests.
-        kv_total_tokens: KV token budget.
-        max_num_seqs: Maximum running requests.
-        max_waiting: Waiting-queue bound.
-        pending_prefill_tokens: Prompt tokens not yet prefilled (waiting requests in full, plus the
-            rest of partially prefilled ones).
-        pending_decode_tokens: ``max_new_tokens - generated`` summed over waiting and running
-            requests (an upper bound: requests may stop early).
-        decode_tokens_total: Tokens generated since the engine was built (monotonic counter; its
-            rate is the decode throughput).
-        prefix_cache_hit_tokens_total: Prompt tokens served from the prefix cache since start.
-        prefix_cache_query_tokens_total: Prompt tokens of admitted requests since start (the hit
-            rate is ``hit / query``).
-        prefix_cache_tokens: Tokens held in the prefix cache now.
-    """
-
-    waiting: int
-    running: int
-    kv_used_tokens: int
-    kv_total_tokens: int
-    max_num_seqs: int
-    max_waiting: int
-    pending_prefill_tokens: int = 0
-    pending_decode_tokens: int = 0
-    decode_tokens_total: int = 0
-    prefix_cache_hit_tokens_total: int = 0
-    prefix_cache_query_tokens_total: int = 0
-    prefix_cache_tokens: int = 0
-
-
-class LLMEngine:
+class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
     """Continuous-batching generation engine.
 
     Args:
@@ -171,6 +128,7 @@ class LLMEngine:
             self.kv,
             max_positions=self.context_length,
             native_kernels=self.config.native_kernels,
+            kernel_memory=self.config.kernel_memory,
             release_weights=owns_model,
             block_weights=loaded.block_weights,
         )
@@ -264,166 +222,6 @@ class LLMEngine:
             out = out[0]
         return [int(t) for t in out]
 
-    # ------------------------------------------------------------------ client API
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams | None = None,
-        *,
-        priority: int = 0,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        token_events: bool = False,
-    ) -> RequestHandle:
-        """Queue a generation request. Thread-safe.
-
-        Args:
-            prompt_token_ids: Prompt tokens (e.g. from :meth:`render_chat`).
-            params: Sampling parameters (defaults to ``SamplingParams()``).
-            priority: Higher is admitted first (paid tier 10, free 0), aged by waiting time (see
-                ``EngineConfig.priority_ageing_s``); FIFO within equal aged priority.
-            request_id: Caller-chosen unique id; a random hex id by default.
-            cache_salt: Prefix-cache namespace (vLLM's ``cache_salt``): only requests with the same
-                salt share cached prefixes. Pass one per user (e.g. ``"user:42"``) so no user's
-                timing can reveal another's prompts. ``None`` is the shared unsalted namespace.
-            token_events: Also stream a :class:`SampledTokenEvent` for every sampled token
-                (special tokens and EOS included), each before the text it contributes to.
-
-        Returns:
-            A handle to stream events from / cancel the request.
-
-        Raises:
-            InvalidRequest: empty/invalid prompt, bad sampling values, prompt + max_new_tokens
-                over the context length or KV capacity, duplicate ``request_id``.
-            QueueFull: ``EngineConfig.max_waiting`` requests are already waiting.
-            EngineStopped: the engine was shut down.
-        """
-        params = params if params is not None else SamplingParams()
-        params.validate()
-        prompt = self._validate_prompt(prompt_token_ids, params)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidRequest(f"priority must be an integer, got {priority!r}")
-        rid = request_id if request_id is not None else uuid.uuid4().hex
-        if not isinstance(rid, str) or not rid:
-            raise InvalidRequest("request_id must be a non-empty string")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidRequest(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
-        with self._cond:
-            if self._stopping or self._stopped:
-                raise EngineStopped("engine is shut down")
-            if rid in self._requests:
-                raise InvalidRequest(f"request_id {rid!r} is already in use")
-            waiting = self._scheduler.num_waiting
-            if waiting >= self.config.max_waiting:
-                raise QueueFull(waiting, self.config.max_waiting)
-            self._arrival_seq += 1
-            req = Request(
-                request_id=rid,
-                prompt_token_ids=prompt,
-                params=params,
-                priority=priority,
-                arrival_seq=self._arrival_seq,
-                sampler=SamplerState.create(params, prompt),
-                output=OutputProcessor(self._decode, params.stop),
-                cache_salt=cache_salt,
-                token_events=bool(token_events),
-            )
-            ageing = self.config.priority_ageing_s
-            req.rank = req.arrival_time / ageing - priority if ageing else float(-priority)
-            self._requests[rid] = req
-            self._scheduler.add(req)
-            self._cond.notify_all()
-        return RequestHandle(self, req)
-
-    def _validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> list[int]:
-        try:
-            prompt = [int(t) for t in prompt_token_ids]
-        except (TypeError, ValueError):
-            raise InvalidRequest("prompt_token_ids must be a list of integers") from None
-        if not prompt:
-            raise InvalidRequest("prompt is empty")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise InvalidRequest(f"prompt contains token ids outside the vocabulary [0, {self.vocab_size})")
-        total = len(prompt) + params.max_new_tokens
-        if total > self.context_length:
-            raise InvalidRequest(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the context length {self.context_length}"
-            )
-        capacity = min(self.kv.slot_len, self.kv.budget_tokens)
-        if total > capacity:
-            raise InvalidRequest(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the KV cache capacity {capacity}"
-            )
-        return prompt
-
-    def cancel(self, request_id: str) -> bool:
-        """Cancel a request. Thread-safe.
-
-        A waiting request finishes immediately with ``"cancelled"``; a running one is removed at
-        the start of the next step (its slot and KV reservation are freed there).
-
-        Returns:
-            ``False`` if the id is unknown or the request already finished.
-        """
-        with self._cond:
-            req = self._requests.get(request_id)
-            if req is None or req.status is RequestStatus.FINISHED:
-                return False
-            if req.status is RequestStatus.WAITING:
-                self._scheduler.remove_waiting(req)
-                self._finish(req, "cancelled")
-            else:
-                self._cancel_requested.add(request_id)
-                self._cond.notify_all()
-            return True
-
-    def has_unfinished(self) -> bool:
-        """``True`` while any request is waiting or running."""
-        with self._cond:
-            return bool(self._requests)
-
-    def load(self) -> EngineLoad:
-        """Current occupancy and counters. Thread-safe; O(waiting + running)."""
-        with self._cond:
-            prefill, decode = self._scheduler.pending_tokens()
-            return EngineLoad(
-                waiting=self._scheduler.num_waiting,
-                running=len(self._scheduler.running),
-                kv_used_tokens=self.kv.used_tokens,
-                kv_total_tokens=self.kv.budget_tokens,
-                max_num_seqs=self.config.max_num_seqs,
-                max_waiting=self.config.max_waiting,
-                pending_prefill_tokens=prefill,
-                pending_decode_tokens=decode,
-                decode_tokens_total=self._decode_tokens_total,
-                prefix_cache_hit_tokens_total=self.prefix_cache.hit_tokens_total,
-                prefix_cache_query_tokens_total=self.prefix_cache.query_tokens_total,
-                prefix_cache_tokens=self.prefix_cache.num_tokens,
-            )
-
-    def add_step_listener(self, fn: Callable[[StepStats], None]) -> None:
-        """Call ``fn(stats)`` on the engine loop thread after every step that ran a batch.
-
-        Keep ``fn`` cheap (it delays the next step); exceptions it raises are logged and swallowed.
-        """
-        with self._cond:
-            self._step_listeners = [*self._step_listeners, fn]
-
-    def remove_step_listener(self, fn: Callable[[StepStats], None]) -> None:
-        """Undo :meth:`add_step_listener` (no error if ``fn`` was not added)."""
-        with self._cond:
-            self._step_listeners = [f for f in self._step_listeners if f != fn]
-
-    def queue_position(self, request_id: str) -> int | None:
-        """0-based position among waiting requests in admission order; ``None`` if not waiting."""
-        with self._cond:
-            req = self._requests.get(request_id)
-            if req is None or req.status is not RequestStatus.WAITING:
-                return None
-            return self._scheduler.waiting_position(req)
-
     # ------------------------------------------------------------------ stepping
     def step(self) -> int:
         """Run one scheduler iteration synchronously.
@@ -493,135 +291,6 @@ class LLMEngine:
         """Call :meth:`step` until no request is waiting or running."""
         while self.has_unfinished():
             self.step()
-
-    def _apply_results(self, step: ScheduledStep, tokens: list[int]) -> None:
-        for req, n in step.advances:
-            req.num_cached += n
-        now = time.perf_counter()
-        for req, token in zip(step.sample_requests, tokens, strict=True):
-            if req.status is not RequestStatus.RUNNING:
-                continue
-            try:
-                self._append_token(req, token, now)
-            except Exception as exc:
-                logger.exception("post-processing failed for request %s", req.request_id)
-                with self._cond:
-                    self._fail_requests([req], exc)
-
-    def _append_token(self, req: Request, token: int, now: float) -> None:
-        req.output_token_ids.append(token)
-        self._decode_tokens_total += 1
-        if req.first_token_time is None:
-            req.first_token_time = now
-        if req.token_events:
-            req.put(SampledTokenEvent(req.request_id, len(req.output_token_ids) - 1, token, now))
-        req.sampler.record(token, self.vocab_size)
-        reason: FinishReason | None = None
-        if token in self.eos_token_ids and not req.params.ignore_eos:
-            reason = "stop"
-        else:
-            delta, stopped = req.output.add_token(token)
-            req.pending_token_ids.append(token)
-            if delta:
-                self._emit_text(req, delta)
-            if stopped:
-                reason = "stop"
-            elif len(req.output_token_ids) >= req.params.max_new_tokens:
-                reason = "length"
-        if reason is not None:
-            with self._cond:
-                self._finish(req, reason)
-
-    def _emit_text(self, req: Request, text: str) -> None:
-        req.put(TokenEvent(req.request_id, req.next_event_seq, text, req.pending_token_ids))
-        req.next_event_seq += 1
-        req.pending_token_ids = []
-
-    # ------------------------------------------------------------------ finishing (under _cond)
-    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        if req.status is RequestStatus.FINISHED:
-            return
-        if req.output_token_ids:
-            delta, stopped = req.output.finish()
-            # Trailing tokens that produced no visible text (special tokens, text cut by a stop
-            # string) are still reported so token_ids of all events == generated tokens - EOS.
-            if delta or req.pending_token_ids:
-                self._emit_text(req, delta)
-            if stopped and reason == "length":
-                reason = "stop"
-        if req.status is RequestStatus.RUNNING:
-            if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
-                self._keep_prefix(req)
-            self._scheduler.release(req)
-            self._step_finished += 1
-            self._fit_kv_memory()
-        elif req.status is RequestStatus.WAITING:
-            self._scheduler.remove_waiting(req)
-        req.status = RequestStatus.FINISHED
-        self._requests.pop(req.request_id, None)
-        self._cancel_requested.discard(req.request_id)
-        now = time.perf_counter()
-        queued_until = req.admitted_time if req.admitted_time is not None else now
-        timings = Timings(
-            queue_ms=(queued_until - req.arrival_time) * 1e3,
-            ttft_ms=(req.first_token_time - req.arrival_time) * 1e3
-            if req.first_token_time is not None
-            else None,
-            total_ms=(now - req.arrival_time) * 1e3,
-        )
-        usage = Usage(prompt_tokens=req.prompt_len, completion_tokens=len(req.output_token_ids))
-        req.put(FinishEvent(req.request_id, reason, req.output.text, usage, timings, error))
-
-    def _keep_prefix(self, req: Request) -> None:
-        # K/V of positions 0..num_cached-1 are in the slot: the prompt, then every generated token
-        # that has been fed back (not the last one sampled).
-        try:
-            tokens = req.prompt_token_ids + req.output_token_ids
-            self.prefix_cache.insert(tokens, req.cache_salt, req.slot, req.num_cached)
-        except Exception:  # losing a cache entry only costs a later prefill
-            logger.exception("could not keep the prefix of request %s", req.request_id)
-
-    def _fit_kv_memory(self) -> None:
-        """Keep the running requests' K/V, the retained freed slot pages and the prefix cache within
-        ``kv_memory_tokens`` (``EngineConfig.kv_cache_memory_mb``), under ``_cond``.
-
-        Over the target, the freed pages go back first (they only spare a later prefill its page faults), then the
-        least recently used prefix blocks, down to the target less one step's worth of tokens (so growing decodes
-        do not evict a few blocks every step); an evicted block's pages go back to the OS at once
-        (:meth:`.PrefixCache.evict_to`).
-        """
-        limit = self.kv_memory_tokens
-        if limit is None:
-            return
-        written = self.kv.written_tokens
-        if written + self.kv.stale_tokens + self.prefix_cache.num_tokens <= limit:
-            return
-        self.kv.discard_stale()  # leaves no stale positions
-        if written + self.prefix_cache.num_tokens > limit:
-            self.prefix_cache.evict_to(limit - written - self.max_num_batched_tokens)
-
-    def _fail_requests(self, requests: list[Request], exc: BaseException, clear_kv: bool = False) -> None:
-        message = f"{type(exc).__name__}: {exc}"
-        for req in requests:
-            if req.status is RequestStatus.FINISHED:
-                continue
-            if clear_kv and req.status is RequestStatus.RUNNING and req.slot >= 0:
-                # The step may have written partial K/V (or NaNs); scrub the whole reserved range
-                # before the slot is reused so masked attention of later owners stays finite.
-                self.kv.clear_slot_range(req.slot, min(self.kv.slot_len, req.reserved_tokens))
-            try:
-                self._finish(req, "error", error=message)
-            except Exception:
-                logger.exception("failed to finish request %s", req.request_id)
-
-    def _apply_cancellations(self) -> None:
-        if not self._cancel_requested:
-            return
-        for rid in list(self._cancel_requested):
-            req = self._requests.get(rid)
-            if req is not None:
-                self._finish(req, "cancelled")
-        self._cancel_requested.clear()
 
     # ------------------------------------------------------------------ background thread
     def start(self) -> None:

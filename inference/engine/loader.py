@@ -83,7 +83,7 @@ def cpu_has_amx() -> bool:
     """``True`` when this CPU has AMX tiles (Intel Sapphire Rapids and later).
 
     There torch's SDPA runs bf16 flash attention through oneDNN's brgemm ukernel on the tiles, 2-4x faster than the
-    native prefill-attention kernel's AVX-512 dot products (see ``runner.AMX_SDPA_MIN_TOKENS``).
+    native prefill-attention kernel's AVX-512 dot products (the kernel registry's measured table, ``kernels/table.py``).
     """
     return _torch_cpu_supports("_is_amx_tile_supported")
 

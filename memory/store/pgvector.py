@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 import numpy as np
+from django.conf import settings
 from django.db import connections, transaction
 from pgvector import Vector
 
@@ -24,10 +25,10 @@ from memory.store.base import NO_FILTER, Hit, SearchFilter
 logger = logging.getLogger(__name__)
 
 TABLE = "memory_chunkvector"
-# m / ef_construction: pgvector's defaults; ef_search raised from 40 so a filtered scan has candidates.
+# m / ef_construction: pgvector's defaults. ef_search (MEMORY_HNSW_EF_SEARCH, 100; pgvector's default is 40)
+# trades latency for recall: see docs/memory.md for both at 1k-100k chunks.
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
-HNSW_EF_SEARCH = 100
 
 
 def extension_version(connection) -> str | None:
@@ -151,7 +152,7 @@ class PgVectorStore:
         )
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             # SET LOCAL: these last for this transaction only, never leak to a pooled connection.
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, k)}")
+            cursor.execute(f"SET LOCAL hnsw.ef_search = {max(int(settings.MEMORY_HNSW_EF_SEARCH), k)}")
             if self._iterative_scan():
                 cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
             cursor.execute(sql, [query, user_id, *params, query, k])

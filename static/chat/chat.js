@@ -327,6 +327,22 @@
         refreshControls();
         return;
       }
+      if (m.code === 'content_policy' && p && !state.active) {
+        // The message is stored, marked blocked, and no reply was queued: keep the bubble with a notice.
+        stopRetry();
+        state.pending = null;
+        setQueueStatus('');
+        if (p.userEl) {
+          p.userEl.dataset.messageId = m.message_id ?? '';
+          p.userEl.dataset.status = 'blocked';
+          $('.content', p.userEl).dataset.raw = p.text;
+          render.setStatusLine(p.userEl, Chat.BLOCKED_INPUT, true);
+        }
+        (p.hidden || []).forEach((el) => el.remove());
+        if (m.conversation_id) setConversation(m.conversation_id, m.title || '');
+        refreshControls();
+        return;
+      }
       if (p && !state.active) {
         abandonPending();
         // A message too long for the plan (or a model it does not offer) cannot succeed by retrying.

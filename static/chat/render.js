@@ -7,7 +7,9 @@
   const $ = (sel, root = document) => root.querySelector(sel);
   Chat.$ = $;
   Chat.$$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
-  Chat.FINAL = new Set(['completed', 'cancelled', 'failed', 'interrupted']);
+  Chat.FINAL = new Set(['completed', 'cancelled', 'failed', 'interrupted', 'blocked']);
+  Chat.BLOCKED_REPLY = 'This reply was stopped by the content policy and removed.';
+  Chat.BLOCKED_INPUT = 'Not sent — this message was blocked by the content policy.';
 
   const escapeHtml = (s) => String(s).replace(/[&<>"']/g,
     (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
@@ -114,6 +116,7 @@
     line.textContent = text || '';
     line.hidden = !text;
     line.classList.toggle('error', isError);
+    line.classList.toggle('blocked-notice', text === Chat.BLOCKED_REPLY || text === Chat.BLOCKED_INPUT);
   }
 
   /** Standard per-message buttons once a message is final: Copy, and Edit on the person's own. */
@@ -136,7 +139,8 @@
     const content = $('.content', el);
     content.setAttribute('aria-busy', 'false');
     content.removeAttribute('aria-live');
-    if (m.status === 'failed') setStatusLine(el, `Failed: ${m.error || 'the reply could not be generated.'}`, true);
+    if (m.status === 'blocked') setStatusLine(el, Chat.BLOCKED_REPLY, true);
+    else if (m.status === 'failed') setStatusLine(el, `Failed: ${m.error || 'the reply could not be generated.'}`, true);
     else if (m.status === 'interrupted') setStatusLine(el, 'Interrupted — the worker stopped before the reply finished.', true);
     else if (m.status === 'cancelled') setStatusLine(el, 'Stopped — the partial reply was kept.');
     else if (m.finish_reason === 'length') setStatusLine(el, 'Cut off at the reply length limit.');

@@ -255,7 +255,7 @@ def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
     trace_id = format(root.get_span_context().trace_id, "032x")
     assert reply.status == "completed" and reply.trace_id == trace_id
     web = {s.name for s in web_spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id}
-    assert {"chat.send", "db.transaction", "admission"} <= web
+    assert {"chat.send", "moderation.input", "db.transaction", "admission"} <= web
     assert any(name.startswith("apply_async/") for name in web)
     deadline = time.monotonic() + 10
     while True:
@@ -271,6 +271,7 @@ def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
         "engine.queue_wait",
         "engine.prefill",
         "engine.decode",
+        "moderation.output",  # the final output check (partial checks while streaming make no span)
         "generation.final_write",
     }
     assert expected <= names, names

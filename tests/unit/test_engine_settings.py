@@ -12,6 +12,17 @@ def test_engine_config_takes_the_native_kernels_switch_from_settings(settings):
     assert engine_config().native_kernels is False
 
 
+def test_engine_config_takes_the_kernel_memory_setting_and_refuses_other_values(settings):
+    from inference.registry import engine_config
+
+    assert engine_config().kernel_memory == "fast"
+    settings.INFERENCE_KERNEL_MEMORY = "low"
+    assert engine_config().kernel_memory == "low"
+    settings.INFERENCE_KERNEL_MEMORY = "small"
+    with pytest.raises(ImproperlyConfigured, match="INFERENCE_KERNEL_MEMORY"):
+        engine_config()
+
+
 def test_engine_config_takes_the_kv_memory_target_from_settings(settings):
     from inference.registry import engine_config
 

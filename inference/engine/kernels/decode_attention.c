@@ -1,6 +1,6 @@
 /* Decode attention over the engine's slot KV cache: one query token per decoding sequence.
  *
- * Built and loaded by inference/engine/kernels/__init__.py (gcc -O3 -march=native -fopenmp, linked against
+ * Built and loaded by inference/engine/kernels/build.py (gcc -O3 -march=native -fopenmp, linked against
  * the libgomp that torch itself uses, so it shares torch's OpenMP threads). Called through ctypes with raw
  * pointers; no Python or torch headers.
  *

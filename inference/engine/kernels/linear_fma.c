@@ -1,7 +1,7 @@
 /* y = x @ W^T (+ bias) in float32 on AVX2/FMA CPUs (in 512-bit registers where the CPU has AVX-512), for the row
  * counts past the few-rows kernels: decode steps of many sequences and prefill chunks.
  *
- * Built with the other kernels (see inference/engine/kernels/__init__.py). The float32 twin of linear_vnni.c: a
+ * Built with the other kernels (see inference/engine/kernels/build.py). The float32 twin of linear_vnni.c: a
  * decode step of 32 sequences multiplies 32 rows by every weight of the model once (8.6 GFLOP over 540 MB for
  * the default model), which on a 2-vCPU AVX2 CPU is bound by the two cores' FMA units, not by memory. The
  * register-blocked micro-kernel of BLIS (Goto & van de Geijn, "Anatomy of high-performance matrix

@@ -1,7 +1,7 @@
 /* y = x @ W^T (+ b) for 1-8 rows of x, reading W once at memory bandwidth (the engine uses it for decode steps
  * of one sequence: from two rows up oneDNN's packed kernel is as fast here).
  *
- * Built with decode_attention.c (see inference/engine/kernels/__init__.py). For one row oneDNN's packed
+ * Built with decode_attention.c (see inference/engine/kernels/build.py). For one row oneDNN's packed
  * bf16 kernel reads the default model's 270 MB of weights at ~11-13 GB/s on this box (21 ms of a 27 ms
  * batch-1 step) while one core streams ~19 GB/s; this kernel is a plain dot product per output column,
  * vectorised by the compiler, one OpenMP work item per block of output columns.

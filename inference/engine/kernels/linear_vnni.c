@@ -1,6 +1,6 @@
 /* y = x @ W^T (+ bias) in bf16 on AVX512-BF16 CPUs, for every row count: decode steps and prefill chunks.
  *
- * Built with decode_attention.c (see inference/engine/kernels/__init__.py). A decode step of 32 sequences
+ * Built with decode_attention.c (see inference/engine/kernels/build.py). A decode step of 32 sequences
  * multiplies 32 rows by every weight of the model once: 8.6 GFLOP over 270 MB for the default model. oneDNN's
  * packed bf16 kernel takes 16.2 ms for that on a 2-vCPU Zen 5: 530 GFLOP/s against the ~920 that vdpbf16ps
  * reaches on its two cores, and 17 GB/s against the ~32 GB/s its one-row kernel reads. This kernel is the

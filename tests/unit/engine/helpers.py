@@ -103,3 +103,13 @@ def gguf_roundtrip(weight: torch.Tensor, kind: str) -> torch.Tensor:
     qtype = KINDS[kind]
     blocks = quants.quantize(weight.detach().numpy().astype(np.float32), qtype)
     return torch.from_numpy(np.ascontiguousarray(quants.dequantize(blocks, qtype))).float()
+
+
+def record_calls(op, name: str, calls: list[int]) -> None:
+    """Make the bands of ``op`` (a runner ``Linear`` or ``GatedUp``) served by the implementation ``name`` append each
+    call's row count to ``calls`` before running as they did."""
+
+    def recording(fn):
+        return lambda x, *rest: calls.append(x.shape[0]) or fn(x, *rest)
+
+    op.bands = [(upto, k, recording(fn) if k.name == name else fn) for upto, k, fn in op.bands]

@@ -16,7 +16,7 @@ from inference.engine import EngineConfig, LLMEngine
 from inference.engine.block_quant import BlockWeight, dequantize, recover
 from inference.engine.kernels import linear_blocks
 from inference.engine.loader import checkpoint_blocks
-from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens, needs_gcc
+from tests.unit.engine.helpers import gguf_roundtrip, greedy_tokens, needs_gcc, record_calls
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
@@ -105,7 +105,7 @@ def test_engine_reads_the_blocks_and_its_greedy_output_does_not_change(make_engi
             runner.lm_head,
             *(getattr(layer, p) for layer in runner.layers for p in ("qkv", "o", "gate_up", "down")),
         ]
-        assert all((linear.blocks is not None) is native for linear in used)
+        assert all((op.kernel_for(1) in ("linear_blocks", "blocks_silu_mul")) is native for op in used)
         if native:
             assert (
                 runner.lm_head.block_weight.kind == "q8_0"
@@ -119,7 +119,7 @@ def test_engine_reads_the_blocks_and_its_greedy_output_does_not_change(make_engi
 @needs_gcc
 def test_a_model_without_block_weights_keeps_the_float_kernels(make_engine):
     engine = make_engine(native_kernels=True)
-    assert engine._runner.lm_head.blocks is None and engine._runner.lm_head.rows is not None
+    assert engine._runner.lm_head.kernel_for(1) == "linear_rows"
 
 
 def test_checkpoint_blocks_recovers_a_prepared_checkpoints_block_weights_and_nothing_else(
@@ -152,14 +152,14 @@ def test_a_bf16_engine_reads_the_checkpoints_blocks_for_one_row_steps_only(gguf_
         runner = engine._runner
         assert loaded.block_weights == {}  # handed to the runner, not held twice
         qkv, head = runner.layers[0].qkv, runner.lm_head
-        assert qkv.blocks is not None and qkv.block_rows == 1 and head.block_weight.kind == "q8_0"
+        assert qkv.kernel_for(1) == "linear_blocks" and qkv.rows_upto("linear_blocks") == 1
+        assert head.block_weight.kind == "q8_0"
         # Blocks stacked in the fused order q, k, v: one row reads the exact float32 weights, not their bf16 rounding.
         want_qkv = torch.cat([exact[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
         assert torch.equal(dequantize(qkv.block_weight), want_qkv)
         x = torch.randn(2, want_qkv.shape[1]).to(torch.bfloat16)
         calls = []
-        real = qkv.blocks
-        qkv.blocks = lambda *a: calls.append(a[0].shape[0]) or real(*a)
+        record_calls(qkv, "linear_blocks", calls)
         one = qkv(x[:1]).float()
         two = qkv(x).float()
         assert calls == [1]  # two rows went to the packed bf16 copy (the VNNI kernel's or oneDNN's)
@@ -169,7 +169,7 @@ def test_a_bf16_engine_reads_the_checkpoints_blocks_for_one_row_steps_only(gguf_
         if head.covered:  # The embedding is looked up from the blocks, in the model's dtype.
             assert runner.embed is None and runner.embed_blocks is not None
         else:  # no packed bf16 form on this CPU (oneDNN's needs AVX-512 or AVX-NE-CONVERT): the float copy stays
-            assert head.packed is None and head.tiled_weight is None and runner.embed is not None
+            assert head.kernel_for(64) == "torch" and runner.embed is not None
         assert [len(tokens) for tokens in greedy_tokens(engine, [[5, 9, 11, 40]], [6])] == [6]
     finally:
         engine.shutdown(timeout=10)

@@ -15,7 +15,7 @@ from inference.engine.kernels import LinearAmx, linear_amx
 from inference.engine.kv_cache import KVCache
 from inference.engine.loader import checkpoint_blocks
 from inference.engine.runner import ModelRunner, StepBatch
-from tests.unit.engine.helpers import gguf_roundtrip, needs_gcc
+from tests.unit.engine.helpers import gguf_roundtrip, needs_gcc, record_calls
 
 pytestmark = needs_gcc
 
@@ -150,20 +150,13 @@ def test_a_bf16_runner_takes_its_2_to_64_row_steps_through_the_kernel(kernel, gg
         runner.lm_head,
         *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "gate_up", "down")),
     ]
-    assert all(isinstance(linear.amx, LinearAmx) for linear in linears)
-    assert all(type(lw.gated).__name__ == "_AmxGatedUp" for lw in runner.layers)
+    assert all(op.kernel_for(2) == op.kernel_for(64) for op in linears)
+    assert all(op.kernel_for(64) in ("linear_amx", "linear_amx_swiglu") for op in linears)
+    assert all(lw.gate_up.kernel_for(65) == "onednn_swiglu" for lw in runner.layers)
 
     calls = []
-
-    class Counting:
-        USE_UP_TO_ROWS = kernel.USE_UP_TO_ROWS
-
-        def __call__(self, x, *rest, **kw):
-            calls.append(x.shape[0])
-            return kernel(x, *rest, **kw)
-
     for lw in runner.layers:
-        lw.qkv.amx = Counting()
+        record_calls(lw.qkv, "linear_amx", calls)
     tokens = list(range(300, 340))
     batch = StepBatch(
         token_ids=tokens, positions=list(range(40)), slots=[1] * 40, prefills=[(1, 0, 40)], logit_rows=[39]

@@ -131,9 +131,9 @@ def test_a_float32_runner_takes_every_large_step_through_the_kernel(kernel, tiny
     model = tiny_loaded.model
     runner = float32_runner(model)
     linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "down"))]
-    assert all(linear.tiled_weight is not None and linear.packed is None for linear in linears)
-    assert all(type(lw.gated).__name__ == "_TiledGatedUp" for lw in runner.layers)
-    assert all(lw.gate_up.tiled_weight is None and lw.gate_up.packed is None for lw in runner.layers)
+    assert all(linear.kernel_for(40) == "linear_fma" and not linear.packed for linear in linears)
+    assert all(lw.gate_up.kernel_for(40) == "linear_fma_swiglu" for lw in runner.layers)
+    assert all(lw.gate_up.linear is None for lw in runner.layers)  # no [2I]-wide copy besides the gated one
 
     tokens = list(range(300, 340))
     batch = StepBatch(
@@ -259,8 +259,10 @@ def test_a_float32_runner_reads_a_q8_lm_head_from_its_blocks(kernel, tiny_loaded
         head = model.lm_head.weight
         head.copy_(gguf_roundtrip(head[:, : head.shape[1] // 32 * 32], "q8_0"))  # tiny model: 64 inputs
     runner = float32_runner(model)
-    assert runner.lm_head.tiled_blocks.kind == "q8_0" and runner.lm_head.tiled_weight is None
-    assert all(lw.qkv.tiled_blocks is None for lw in runner.layers)  # random float weights: no blocks to read
+    assert runner.lm_head.kernel_for(40) == "linear_fma_blocks" and runner.lm_head.block_weight.kind == "q8_0"
+    assert all(
+        lw.qkv.kernel_for(40) == "linear_fma" for lw in runner.layers
+    )  # random float weights: no blocks
 
     tokens = list(range(300, 340))
     batch = StepBatch(
@@ -287,9 +289,9 @@ def test_a_float32_runner_reads_q4_1_layers_from_their_blocks(kernel, tiny_loade
                 proj.weight.copy_(gguf_roundtrip(proj.weight, "q4_1"))  # as a GGUF's Q4_1 layers load
     runner = float32_runner(model)
     for lw in runner.layers:
-        assert all(getattr(lw, p).tiled_blocks.kind == "q4_1" for p in ("qkv", "o", "down"))
-        assert all(getattr(lw, p).tiled_weight is None for p in ("qkv", "o", "down"))
-        assert lw.gated.blocks is not None and lw.gated.packed is None  # gate/up: one Q4_1 pass with the SiLU
+        assert all(getattr(lw, p).block_weight.kind == "q4_1" for p in ("qkv", "o", "down"))
+        assert all(getattr(lw, p).kernel_for(40) == "linear_fma_blocks" for p in ("qkv", "o", "down"))
+        assert lw.gate_up.kernel_for(40) == "linear_fma_blocks_swiglu"  # gate/up: one Q4_1 pass with the SiLU
 
     tokens = list(range(300, 340))
     batch = StepBatch(

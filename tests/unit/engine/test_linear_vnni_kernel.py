@@ -144,9 +144,9 @@ def test_a_bf16_runner_takes_every_large_step_through_the_kernel(kernel, tiny_lo
     )
     runner = ModelRunner(copy.deepcopy(model).to(torch.bfloat16), kv, max_positions=64)
     linears = [runner.lm_head, *(getattr(lw, p) for lw in runner.layers for p in ("qkv", "o", "down"))]
-    assert all(linear.tiled_weight is not None and linear.packed is None for linear in linears)
-    assert all(type(lw.gated).__name__ == "_TiledGatedUp" for lw in runner.layers)
-    assert all(lw.gate_up.tiled_weight is None and lw.gate_up.packed is None for lw in runner.layers)
+    assert all(linear.kernel_for(40) == "linear_vnni" and not linear.packed for linear in linears)
+    assert all(lw.gate_up.kernel_for(40) == "linear_vnni_swiglu" for lw in runner.layers)
+    assert all(lw.gate_up.linear is None for lw in runner.layers)  # no [2I]-wide copy besides the gated one
 
     tokens = list(range(300, 340))
     batch = StepBatch(

@@ -179,7 +179,7 @@ def test_engine_greedy_output_is_the_same_with_the_kernels_and_without(make_engi
     for native in (True, False):
         engine = make_engine(native_kernels=native)
         assert (engine._runner.decode_kernel is not None) is native
-        assert (engine._runner.lm_head.rows is not None) is native
+        assert (engine._runner.lm_head.kernel_for(1) == "linear_rows") is native
         outputs[native] = greedy_tokens(engine, prompts, lengths)
     assert outputs[True] == outputs[False]
     assert [len(tokens) for tokens in outputs[True]] == lengths
@@ -192,19 +192,19 @@ def test_without_a_working_compiler_the_engine_warns_and_keeps_torchs_kernels(
 
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("INFERENCE_KERNEL_DIR", str(tmp_path))
-    kernels._library.cache_clear()
+    kernels.build.library.cache_clear()
     try:
         assert kernels.decode_attention() is None and kernels.linear_rows() is None
         assert "native kernels off" in caplog.text
         engine = make_engine()
-        assert engine._runner.decode_kernel is None and engine._runner.lm_head.rows is None
+        assert engine._runner.decode_kernel is None and engine._runner.lm_head.kernel_for(1) != "linear_rows"
         handle = engine.submit(
             [5, 9, 11, 40], SamplingParams(temperature=0.0, max_new_tokens=5, ignore_eos=True)
         )
         engine.run_until_idle()
         assert len([t for e in collect(handle)[0] for t in e.token_ids]) == 5
     finally:
-        kernels._library.cache_clear()
+        kernels.build.library.cache_clear()
     assert not list(tmp_path.glob("*.so"))
 
 
@@ -216,8 +216,12 @@ def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_pa
     from inference.engine.threads import loaded_libgomp_paths
 
     gomp = Path(loaded_libgomp_paths()[0])
-    built = kernels._build(kernels._SOURCES, gomp, tmp_path)
-    assert built.parent == tmp_path and list(tmp_path.iterdir()) == [built]  # no temporary left behind
+    built = kernels.build.build(kernels.build.SOURCES, gomp, tmp_path)
+    manifest = built.with_suffix(".json")
+    assert built.parent == tmp_path and sorted(tmp_path.iterdir()) == [
+        manifest,
+        built,
+    ]  # no temporary left behind
     lib = ctypes.CDLL(str(built))
     for symbol in (
         "decode_attention_bf16",
@@ -228,4 +232,6 @@ def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_pa
         "argmax_f32",
     ):
         assert hasattr(lib, symbol)
-    assert kernels._build(kernels._SOURCES, gomp, tmp_path) == built  # cached: the same object, not rebuilt
+    stamp = built.stat().st_mtime_ns
+    assert kernels.build.build(kernels.build.SOURCES, gomp, tmp_path) == built  # cached: the same object
+    assert built.stat().st_mtime_ns == stamp  # not rebuilt

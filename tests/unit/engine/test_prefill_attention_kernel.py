@@ -78,7 +78,7 @@ def test_engine_greedy_output_is_the_same_with_the_kernel_and_with_sdpa(make_eng
 
 
 def test_long_chunks_can_go_to_sdpa_with_grouped_heads_and_the_output_does_not_change(make_engine):
-    # What an AMX CPU does (runner.AMX_SDPA_MIN_TOKENS), forced on here: chunks of 16+ tokens through SDPA with
+    # What an AMX CPU does (the registry's measured table, kernels/table.py), forced on here: chunks of 16+ tokens through SDPA with
     # enable_gqa, shorter ones through the kernel, in one step; the same greedy tokens as the kernel alone.
     from inference.engine.runner import StepBatch
 

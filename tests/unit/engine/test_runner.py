@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
+from inference.engine.kernels import registry
 from inference.engine.kv_cache import KVCache
 from inference.engine.runner import ModelRunner, StepBatch
 
@@ -81,20 +82,20 @@ def test_prefill_logits_match_hf_forward(tiny_loaded):
 def test_packed_linear_pads_large_row_counts_to_a_bucket(monkeypatch):
     # oneDNN keeps a primitive per row count: above ROW_BUCKET rows the packed path only ever sees multiples of it,
     # and the padding rows never reach the caller.
-    from inference.engine import runner
+    from inference.engine import runner_linear
 
     weight, bias = torch.randn(64, 32), torch.randn(64)
-    linear = runner._Linear(weight, bias, pack=True)
-    if linear.packed is None:
+    linear = runner_linear.Linear(weight, bias, natives=runner_linear.Natives.load(native=False))
+    if not linear.packed:
         pytest.skip("oneDNN weight packing is not available in this torch build")
     seen: list[int] = []
-    real = runner._onednn_linear
+    real = runner_linear.onednn_linear
 
     def spy(x, packed, b):
         seen.append(x.shape[0])
         return real(x, packed, b)
 
-    monkeypatch.setattr(runner, "_onednn_linear", spy)
+    monkeypatch.setattr(runner_linear, "onednn_linear", spy)
     for m in (1, 7, 32, 33, 45, 64, 65, 200):
         x = torch.randn(m, 32)
         y = linear(x)
@@ -104,13 +105,13 @@ def test_packed_linear_pads_large_row_counts_to_a_bucket(monkeypatch):
 
 
 def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loaded):
-    from inference.engine import runner as runner_module
+    from inference.engine import runner_linear
 
     model = tiny_loaded.model
     cfg = model.config
     inter = cfg.intermediate_size
     weight = torch.randn(2 * inter, cfg.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
-    gated = runner_module._GatedUp.build(weight, inter)
+    gated = runner_linear.onednn_gated(weight, inter)
     if gated is None:
         pytest.skip("oneDNN's packed linear with post-ops is not available in this torch build")
     for m in (1, 33, 70):  # one row, and row counts the bucketing pads
@@ -128,11 +129,14 @@ def test_gated_up_fuses_the_activation_into_the_matmuls_for_bf16_only(tiny_loade
         return ModelRunner(copy.deepcopy(model).to(dtype), kv, max_positions=64)
 
     # float32 never takes oneDNN's gated form: the native float32 kernel's (test_linear_fma_kernel.py) or none
-    assert all(type(layer.gated).__name__ != "_GatedUp" for layer in build(torch.float32).layers)
+    f32 = build(torch.float32)
+    assert all(k.name != "onednn_swiglu" for layer in f32.layers for _, k, _ in layer.gate_up.bands)
     bf16 = build(torch.bfloat16)
-    # (the gated form is _TiledGatedUp on CPUs with AVX512-BF16 and no AMX: test_linear_vnni_kernel.py)
-    assert all(layer.gated is not None for layer in bf16.layers)
-    assert all(layer.gate_up.packed is None and layer.gate_up.tiled_weight is None for layer in bf16.layers)
+    # (the gated form is the VNNI kernel's on CPUs with AVX512-BF16 and no AMX: test_linear_vnni_kernel.py)
+    assert all(layer.gate_up.kernel_for(40) != "unfused" for layer in bf16.layers)
+    assert all(
+        layer.gate_up.linear is None for layer in bf16.layers
+    )  # no [2I]-wide copy besides the gated one
     # The bf16 runner through the gated form against the float32 model's logits.
     tokens = list(range(300, 340))
     batch = StepBatch(
@@ -154,22 +158,17 @@ def test_warm_up_runs_every_bucketed_row_count_through_the_onednn_projections(ti
     )
     runner = ModelRunner(model, kv, max_positions=64, native_kernels=False)
     lw = runner.layers[0]
-    assert lw.qkv.packed is not None
+    assert lw.qkv.packed
     seen: list[int] = []
-    real = lw.qkv.__call__
 
-    class Recorder:
-        packed = lw.qkv.packed
+    def recording(fn):
+        return lambda x: seen.append(x.shape[0]) or fn(x)
 
-        def __call__(self, x):
-            seen.append(x.shape[0])
-            return real(x)
-
-    lw.qkv = Recorder()
+    lw.qkv.bands = [(upto, k, recording(fn)) for upto, k, fn in lw.qkv.bands]
     assert runner.warm_up(170) > 0
     assert seen == [64, 96, 128, 160]
     for layer in runner.layers:
         for name in ("qkv", "o", "gate_up", "down"):
-            getattr(layer, name).packed = None
-    runner.layers[0].gated = None
+            op = getattr(layer, name)
+            op.bands = [(None, registry.kernel(op.bands[0][1].op, "torch"), op.bands[-1][2])]
     assert runner.warm_up(170) == 0.0
