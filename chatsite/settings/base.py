@@ -159,17 +159,9 @@ INFERENCE_MODELS = {
         "version": env("SMOLLM2_VERSION", default=""),
     },
 }
-# More models, one JSON object of registry entries (docs/serving-backends.md), e.g.
-# INFERENCE_EXTRA_MODELS='{"qwen2.5-7b": {"source": "/srv/models/qwen2.5-7b", "backend": "vllm",
-#   "dtype": "bfloat16", "vllm": {"tensor_parallel_size": 2}}}'
-INFERENCE_MODELS.update(env.json("INFERENCE_EXTRA_MODELS", default={}))
-# The serving backend of this worker: auto (the model entry's "backend", else vLLM on CUDA and the native
-# engine on CPU, docs/serving-backends.md), native or vllm. INFERENCE_VLLM_ARGS: vLLM engine arguments (JSON
-# object) over the entry's "vllm" ones, e.g. '{"tensor_parallel_size": 4}'.
-INFERENCE_BACKEND = env("INFERENCE_BACKEND", default="auto")
-if INFERENCE_BACKEND not in ("auto", "native", "vllm"):
-    raise environ.ImproperlyConfigured("INFERENCE_BACKEND must be auto, native or vllm")
-INFERENCE_VLLM_ARGS = env.json("INFERENCE_VLLM_ARGS", default={})
+INFERENCE_MODELS.update(env.json("INFERENCE_EXTRA_MODELS", default={}))  # docs/serving-backends.md
+INFERENCE_BACKEND = env("INFERENCE_BACKEND", default="auto")  # auto (CUDA: vllm, CPU: native), native, vllm
+INFERENCE_VLLM_ARGS = env.json("INFERENCE_VLLM_ARGS", default={})  # vLLM engine arguments over the entry's
 # Aliases: more names for registered weights, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct"
 # (an OpenAI client's default model name, or a tier's own name for a model). Each alias is a model of its
 # own to routing, admission and billing (its own queue; a worker started with INFERENCE_DEFAULT_MODEL=<alias>
