@@ -1,5 +1,7 @@
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import login, logout
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -9,11 +11,29 @@ from accounts.services import account_delete as delete_account
 from billing.selectors import usage_this_month, usage_today
 
 
+class LoginView(auth_views.LoginView):
+    """Django's log-in form, plus the single sign-on button when an identity provider is configured."""
+
+    redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        return {
+            **super().get_context_data(**kwargs),
+            "sso_name": settings.SSO_OIDC_NAME if settings.SSO_OIDC_ISSUER else "",
+            "sso_provider_id": settings.SSO_PROVIDER_ID,
+            "password_login": settings.PASSWORD_LOGIN_ENABLED,
+        }
+
+
 @require_http_methods(["GET", "POST"])
 def signup(request):
-    """Create an account and log it in, then land on an empty chat."""
+    """Create an account and log it in, then land on an empty chat. Closed while password log-in is off
+    (people get accounts through single sign-on then)."""
     if request.user.is_authenticated:
         return redirect("conversations:new")
+    if not settings.PASSWORD_LOGIN_ENABLED:
+        flash.info(request, "Accounts are created by signing in with single sign-on.")
+        return redirect("accounts:login")
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         user = form.save()

@@ -186,3 +186,6 @@ class UpgradeRequestAdmin(admin.ModelAdmin):
 @admin.register(ModelPrice)
 class ModelPriceAdmin(admin.ModelAdmin):
     list_display = ("model_name", "prompt_per_million", "completion_per_million", "currency")
+
+
+from billing import subscription_admin  # noqa: E402,F401  (plans, subscriptions, invoices, webhook events)

@@ -123,6 +123,10 @@ class QuotaReservation(models.Model):
         "conversations.Message", on_delete=models.CASCADE, related_name="quota_reservation"
     )
     quota = models.ForeignKey(DailyQuota, on_delete=models.CASCADE, related_name="reservations")
+    # The organisation pool's row the same tokens are held on, for a member of a subscribed team.
+    pool = models.ForeignKey(
+        "billing.PoolDailyQuota", null=True, blank=True, on_delete=models.CASCADE, related_name="reservations"
+    )
     tokens = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -197,3 +201,14 @@ class UpgradeRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id}: {self.from_tier_id} -> {self.to_tier_id} ({self.status})"
+
+
+# Plans, subscriptions, invoices, webhook events and the team pool ledger (issue 32), registered in this app.
+from billing.subscription_models import (  # noqa: E402,F401
+    Invoice,
+    Plan,
+    PoolDailyQuota,
+    StripeCustomer,
+    StripeEvent,
+    Subscription,
+)

@@ -13,6 +13,14 @@ concurrent admissions of one user serialize on that row and the sum ``used + res
 real token count into ``used_tokens``, releasing the rest. Deleting the reservation row is what makes
 settlement happen once even when the worker and a reaper race.
 
+**Teams.** A member of an organisation whose subscription grants a tier draws from the organisation's pool
+instead (:class:`~billing.models.PoolDailyQuota`: ``tier.tokens_per_day * seats`` per day, shared by all
+members). The reservation is then two conditional UPDATEs in one savepoint: the member's own row first
+(bounded by the optional per-member ``daily_token_cap``, unbounded otherwise, so it still counts the
+member's usage), then the pool row with the same clause as above. Either refusing rolls both back. Every
+reservation locks the member row before the pool row, so concurrent members cannot deadlock, and the pool
+row serializes them exactly as the user row serializes one user's requests.
+
 The quota day is the date in ``settings.TIME_ZONE`` (UTC by default): every user's quota resets at the
 same instant, midnight UTC. A reply settles on the day it was admitted, even if it ends after midnight.
 """
@@ -26,7 +34,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from billing.models import DailyQuota, QuotaGrant, QuotaReservation
+from billing.models import DailyQuota, PoolDailyQuota, QuotaGrant, QuotaReservation
+from billing.subscriptions import organization_granted
+from organizations.models import Membership
 
 
 class QuotaExceeded(Exception):
@@ -54,6 +64,33 @@ class QuotaStatus:
         return max(0, self.limit + self.granted - self.used - self.reserved)
 
 
+@dataclass(frozen=True)
+class Pool:
+    """The shared pool a member draws from: ``limit`` tokens per quota day for organisation
+    ``organization_id``, and the member's own ``member_cap`` (None: no cap)."""
+
+    organization_id: int
+    limit: int
+    member_cap: int | None
+
+
+def pool_for(*, user) -> Pool | None:
+    """The pool ``user`` draws from, or None (not in a team, or the team has no paid subscription)."""
+    membership = (
+        Membership.objects.filter(user_id=user.pk).values("organization_id", "daily_token_cap").first()
+    )
+    if membership is None:
+        return None
+    granted = organization_granted(organization_id=membership["organization_id"])
+    if granted is None:
+        return None
+    return Pool(
+        organization_id=membership["organization_id"],
+        limit=granted.tier.tokens_per_day * granted.seats,
+        member_cap=membership["daily_token_cap"],
+    )
+
+
 def quota_day(now=None) -> date:
     """Today's quota day: the date in ``settings.TIME_ZONE`` (UTC unless the operator set another zone)."""
     return timezone.localdate(now or timezone.now())
@@ -64,17 +101,40 @@ def _ensure_row(*, user_id: int, day: date) -> None:
     DailyQuota.objects.bulk_create([DailyQuota(user_id=user_id, day=day)], ignore_conflicts=True)
 
 
-def quota_status(*, user, day: date | None = None) -> QuotaStatus:
-    """The user's quota for ``day`` (default today); an untouched day reads as all zeros."""
-    day = day or quota_day()
-    row = DailyQuota.objects.filter(user=user, day=day).first()
+def _ensure_pool_row(*, organization_id: int, day: date) -> None:
+    PoolDailyQuota.objects.bulk_create(
+        [PoolDailyQuota(organization_id=organization_id, day=day)], ignore_conflicts=True
+    )
+
+
+def _status(row, *, day: date, limit: int) -> QuotaStatus:
     return QuotaStatus(
         day=day,
-        limit=user.tier.tokens_per_day,
+        limit=limit,
         granted=row.granted_tokens if row else 0,
         used=row.used_tokens if row else 0,
         reserved=row.reserved_tokens if row else 0,
     )
+
+
+def quota_status(*, user, day: date | None = None) -> QuotaStatus:
+    """The user's quota for ``day`` (default today); an untouched day reads as all zeros. For a member of
+    a paying team: the pool's figures, or the member's cap when that leaves less."""
+    day = day or quota_day()
+    row = DailyQuota.objects.filter(user=user, day=day).first()
+    pool = pool_for(user=user)
+    if pool is None:
+        return _status(row, day=day, limit=user.tier.tokens_per_day)
+    pooled = _status(
+        PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).first(),
+        day=day,
+        limit=pool.limit,
+    )
+    if pool.member_cap is not None:
+        capped = _status(row, day=day, limit=pool.member_cap)
+        if capped.remaining < pooled.remaining:
+            return capped
+    return pooled
 
 
 def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
@@ -87,6 +147,9 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
     if tokens <= 0:
         raise ValueError("a reservation holds at least one token")
     day = day or quota_day()
+    pool = pool_for(user=user)
+    if pool is not None:
+        return _pool_reserve(user=user, pool=pool, tokens=tokens, day=day)
     limit = user.tier.tokens_per_day
     _ensure_row(user_id=user.pk, day=day)
     rows = DailyQuota.objects.filter(
@@ -103,9 +166,42 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
     return row
 
 
+def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:
+    """:func:`quota_reserve` for a team member: member row (cap), then pool row, in one savepoint. The
+    returned member row carries ``pool_quota_id`` for :func:`quota_hold`."""
+    _ensure_row(user_id=user.pk, day=day)
+    _ensure_pool_row(organization_id=pool.organization_id, day=day)
+    with transaction.atomic():
+        member = DailyQuota.objects.filter(user_id=user.pk, day=day)
+        if pool.member_cap is not None:
+            member = member.filter(
+                used_tokens__lte=pool.member_cap + F("granted_tokens") - F("reserved_tokens") - tokens
+            )
+        if not member.update(reserved_tokens=F("reserved_tokens") + tokens):
+            raise QuotaExceeded(remaining=quota_status(user=user, day=day).remaining, needed=tokens)
+        pooled = PoolDailyQuota.objects.filter(
+            organization_id=pool.organization_id,
+            day=day,
+            used_tokens__lte=pool.limit + F("granted_tokens") - F("reserved_tokens") - tokens,
+        ).update(reserved_tokens=F("reserved_tokens") + tokens)
+        if not pooled:
+            row = PoolDailyQuota.objects.get(organization_id=pool.organization_id, day=day)
+            raise QuotaExceeded(
+                remaining=max(0, pool.limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
+                needed=tokens,
+            )
+    row = DailyQuota.objects.get(user_id=user.pk, day=day)
+    row.pool_quota_id = PoolDailyQuota.objects.values_list("pk", flat=True).get(
+        organization_id=pool.organization_id, day=day
+    )
+    return row
+
+
 def quota_hold(*, quota: DailyQuota, message, tokens: int) -> QuotaReservation:
     """Tie a reservation made by :func:`quota_reserve` to the reply it admitted (same transaction)."""
-    return QuotaReservation.objects.create(quota=quota, message=message, tokens=tokens)
+    return QuotaReservation.objects.create(
+        quota=quota, pool_id=getattr(quota, "pool_quota_id", None), message=message, tokens=tokens
+    )
 
 
 def quota_settle(*, message, used_tokens: int, user=None) -> bool:
@@ -121,17 +217,28 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
         reservation = QuotaReservation.objects.select_for_update().filter(message_id=message.pk).first()
         if reservation is None:
             if used_tokens:
-                owner_id = user.pk if user is not None else message.conversation.owner_id
+                owner = user if user is not None else message.conversation.owner
                 day = quota_day()
-                _ensure_row(user_id=owner_id, day=day)
-                DailyQuota.objects.filter(user_id=owner_id, day=day).update(
+                _ensure_row(user_id=owner.pk, day=day)
+                DailyQuota.objects.filter(user_id=owner.pk, day=day).update(
                     used_tokens=F("used_tokens") + used_tokens
                 )
+                pool = pool_for(user=owner)
+                if pool is not None:
+                    _ensure_pool_row(organization_id=pool.organization_id, day=day)
+                    PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).update(
+                        used_tokens=F("used_tokens") + used_tokens
+                    )
             return False
         DailyQuota.objects.filter(pk=reservation.quota_id).update(
             reserved_tokens=F("reserved_tokens") - reservation.tokens,
             used_tokens=F("used_tokens") + used_tokens,
         )
+        if reservation.pool_id is not None:
+            PoolDailyQuota.objects.filter(pk=reservation.pool_id).update(
+                reserved_tokens=F("reserved_tokens") - reservation.tokens,
+                used_tokens=F("used_tokens") + used_tokens,
+            )
         reservation.delete()
         return True
 
@@ -139,7 +246,8 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
 def quota_grant(
     *, user, tokens: int, day: date | None = None, reason: str = "", granted_by=None
 ) -> QuotaGrant:
-    """Give ``user`` ``tokens`` (> 0) extra for one quota day (default today); recorded as a QuotaGrant."""
+    """Give ``user`` ``tokens`` (> 0) extra for one quota day (default today); recorded as a QuotaGrant.
+    For a member of a paying team the grant raises both the member's cap and the team's pool that day."""
     if tokens <= 0:
         raise ValueError("a grant adds at least one token")
     day = day or quota_day()
@@ -148,6 +256,12 @@ def quota_grant(
         DailyQuota.objects.filter(user_id=user.pk, day=day).update(
             granted_tokens=F("granted_tokens") + tokens
         )
+        pool = pool_for(user=user)
+        if pool is not None:
+            _ensure_pool_row(organization_id=pool.organization_id, day=day)
+            PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).update(
+                granted_tokens=F("granted_tokens") + tokens
+            )
         return QuotaGrant.objects.create(
             user=user, day=day, tokens=tokens, reason=reason, granted_by=granted_by
         )

@@ -37,13 +37,20 @@ def upgrade_request_create(*, user, to_tier: Tier, note: str = "") -> tuple[Upgr
     """File a request to move ``user`` to ``to_tier`` and hand it to the payment provider.
 
     Returns ``(request, checkout_url_or_None)``. Raises :class:`UpgradeError` when ``to_tier`` is the
-    user's own tier or a request is already pending (nothing stored)."""
+    user's own tier or a request is already pending (nothing stored). With an online provider a pending
+    request of that provider (a checkout left unpaid) is cancelled instead."""
     from billing.payments import payment_provider
 
     if to_tier.pk == user.tier_id:
         raise UpgradeError("You are already on this plan.")
     provider = payment_provider()
     with transaction.atomic():
+        if provider.name != "manual":
+            # A checkout the user left unpaid does not block a new one (paying the old page still works:
+            # the webhook syncs whatever subscription Stripe created).
+            UpgradeRequest.objects.filter(
+                user=user, status=UpgradeRequest.Status.PENDING, provider=provider.name
+            ).update(status=UpgradeRequest.Status.CANCELLED, decided_at=timezone.now())
         if UpgradeRequest.objects.filter(user=user, status=UpgradeRequest.Status.PENDING).exists():
             raise UpgradeError("You already have a pending request.")
         try:

@@ -7,9 +7,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from billing.models import Tier, UpgradeRequest
+from billing.payments import payment_provider
 from billing.quota import quota_status
 from billing.selectors import start_of_day, tier_backoff, usage_by_model, usage_daily
 from billing.services import UpgradeError, upgrade_request_cancel, upgrade_request_create
+from billing.subscription_models import Plan
+from billing.team_selectors import team_invoices, team_subscription
+from organizations.selectors import membership_for_user
 
 CHART_W, CHART_H = 600, 120
 
@@ -36,9 +40,10 @@ def _chart(days: list[dict]) -> dict:
 
 @login_required
 def usage(request):
-    """Today's and this month's usage per model (tokens, cost), the remaining quota, a 30-day chart and the
-    plan's limits."""
+    """Today's and this month's usage per model (tokens, cost), the remaining quota, a 30-day chart, the
+    plan's limits and, for a member of a paying team, the subscription's plan, period and invoices."""
     user = request.user
+    membership = membership_for_user(user=user)
     now = timezone.now()
     today = start_of_day(now)
     days = usage_daily(user=user, days=30, now=now)
@@ -51,6 +56,9 @@ def usage(request):
         "chart": _chart(days),
         "backoff": tier_backoff(tier=user.tier),
         "time_zone": timezone.get_current_timezone_name(),
+        "membership": membership,
+        "subscription": team_subscription(organization_id=membership.organization_id) if membership else None,
+        "invoices": team_invoices(organization_id=membership.organization_id) if membership else [],
     }
     return render(request, "billing/usage.html", context)
 
@@ -76,11 +84,11 @@ def upgrade(request):
             return redirect("billing:upgrade")
         if checkout_url:
             return redirect(checkout_url)
-        from billing.payments import payment_provider
-
         messages.success(request, payment_provider().pending_message or "Your request was sent.")
         return redirect("billing:upgrade")
     context = {
+        "provider": payment_provider().name,
+        "online_tiers": set(Plan.objects.filter(active=True).values_list("tier_id", flat=True)),
         "tier": user.tier,
         "tiers": Tier.objects.exclude(name="loadtest").order_by("queue_priority", "name"),
         "pending": UpgradeRequest.objects.filter(user=user, status=UpgradeRequest.Status.PENDING).first(),

@@ -17,6 +17,7 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("", home, name="home"),
     path("accounts/", include("accounts.urls")),
+    path("sso/", include("accounts.sso_urls")),  # single sign-on over OpenID Connect (issue 32)
     path("chat/", include("conversations.urls")),
     path("s/<str:token>/", share_view, name="share_view"),
     path("billing/", include("billing.urls")),

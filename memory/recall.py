@@ -18,6 +18,7 @@ import numpy as np
 from django.conf import settings
 
 from memory import metrics
+from memory.models import Chunk
 from memory.query import question_embed, question_vector
 from memory.selectors import FoundChunk, chunks_search, memories_for_user, memory_enabled_for
 from memory.store import Hit, SearchFilter, store_for
@@ -123,6 +124,10 @@ def _recall(
 ) -> list[FoundChunk]:
     if k <= 0 or not question.strip():
         return []
+    if vector is None and not _anything_to_recall(user_id=user_id, exclude=exclude):
+        # No embedded turn outside the window: recall could find nothing, so the reply never waits up to
+        # ``timeout_s`` on the embeddings worker for a question vector it would not use.
+        return []
     backend = store_for().name
     started = time.perf_counter()
     with span("memory.retrieval", backend=backend, k=k) as current:
@@ -145,3 +150,11 @@ def _recall(
         current.set_attribute("memory.hits", len(found))
     metrics.RETRIEVAL_SECONDS.labels(backend).observe(time.perf_counter() - started)
     return found
+
+
+def _anything_to_recall(*, user_id: int, exclude: tuple[int, ...]) -> bool:
+    """Whether ``user_id`` has an embedded turn chunk outside ``exclude`` (message ids): one indexed EXISTS."""
+    rows = Chunk.objects.filter(user_id=user_id, source_kind=Chunk.Source.TURN, embedding__isnull=False)
+    if exclude:
+        rows = rows.exclude(message_id__in=exclude)
+    return rows.exists()

@@ -91,10 +91,10 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def daphne_server(log_path: Path, **extra_env: str):
-    """A daphne process serving ``chatsite.asgi`` on a free port, with the stack's environment and
-    ``extra_env``; yields its base URL, SIGTERMs it on exit."""
-    port = free_port()
+def daphne_server(log_path: Path, port: int | None = None, **extra_env: str):
+    """A daphne process serving ``chatsite.asgi`` on ``port`` (default: a free one), with the stack's
+    environment and ``extra_env``; yields its base URL, SIGTERMs it on exit."""
+    port = port or free_port()
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],

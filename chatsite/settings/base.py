@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "allauth.account.middleware.AccountMiddleware",  # allauth's request context (async-capable)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "observability.metrics.ApiMetricsMiddleware",  # counts /v1/ responses by status (issue 11)
@@ -225,8 +226,6 @@ ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=INFERENCE_MAX_NUM_SEQS + 8)
-# Payment provider for upgrade requests (billing/payments.py); the built-in one is manual admin approval.
-BILLING_PAYMENT_PROVIDER = env("BILLING_PAYMENT_PROVIDER", default="billing.payments.ManualApprovalProvider")
 # Per-message Redis stream of deltas, kept for replay after a reconnect (seconds).
 STREAM_REPLAY_TTL_S = env.int("STREAM_REPLAY_TTL_S", default=3600)
 MAX_MESSAGE_CHARS = env.int("MAX_MESSAGE_CHARS", default=16000)
@@ -398,3 +397,7 @@ else:
 DOCUMENTS_TASK_QUEUE = env("DOCUMENTS_TASK_QUEUE", default="embeddings")
 # Tokens of the chat model's context that retrieved passages may take (at most a third of the prompt budget).
 DOCUMENTS_CONTEXT_TOKENS = env.int("DOCUMENTS_CONTEXT_TOKENS", default=600)
+from .billing_sso import *  # noqa: E402,F401,F403  Payments (manual, Stripe), teams, single sign-on (issue 32)
+
+INSTALLED_APPS += BILLING_SSO_APPS  # noqa: F405  (organizations; allauth with its OpenID Connect provider)
+AUTHENTICATION_BACKENDS = [PASSWORD_LOGIN_GATE, *AUTHENTICATION_BACKENDS]  # noqa: F405

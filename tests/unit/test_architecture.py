@@ -20,6 +20,7 @@ PRODUCT_PACKAGES = (
     "memory",
     "accounts",
     "billing",
+    "organizations",
     "inference",
     "events",
     "observability",
