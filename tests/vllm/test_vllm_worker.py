@@ -163,38 +163,51 @@ def test_stop_frees_the_one_slot_for_the_next_reply(vllm_worker, make_user, live
 
 
 def test_a_paid_reply_overtakes_free_replies_queued_before_it(vllm_worker, make_user, live_server_url):
-    """One slot, held by a free reply; two more free replies wait in vLLM's queue, then a paid one arrives."""
+    """One slot, held by a free reply; two free replies wait in vLLM's queue, then a paid one joins them; the
+    slot's holder hangs up once all three wait in the engine, and the paid reply is served first."""
     users = [make_user(f"free{i}") for i in range(3)]
     frank = make_user("frank", tier="paid")
     done_at: dict[str, float] = {}
+    release = threading.Event()
 
-    def ask(name, user, tokens):
-        client_for(user, live_server_url).chat.completions.create(
+    def hold_the_slot():
+        stream = client_for(users[0], live_server_url).chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": LONG}],
-            max_tokens=tokens,
+            max_tokens=1500,
+            stream=True,
             store=True,
+        )
+        next(iter(stream))
+        release.wait(120)
+        stream.close()  # the client hangs up: the reply is stopped and its slot freed
+
+    def ask(name, user):
+        client_for(user, live_server_url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, store=True
         )
         done_at[name] = time.monotonic()
 
-    def waiting_free() -> int:
+    def claimed(owners) -> int:
         return Message.objects.filter(
-            conversation__owner__in=users[1:], role="assistant", status="streaming"
+            conversation__owner__in=owners, role="assistant", status="streaming"
         ).count()
 
-    threads = [threading.Thread(target=ask, args=("blocker", users[0], 48))]
+    threads = [threading.Thread(target=hold_the_slot)]
     threads[0].start()
-    assert wait_for(lambda: Message.objects.filter(conversation__owner=users[0], status="streaming").exists())
+    assert wait_for(lambda: claimed(users[:1]) == 1)
     for i in (1, 2):
-        threads.append(threading.Thread(target=ask, args=(f"free{i}", users[i], 8)))
+        threads.append(threading.Thread(target=ask, args=(f"free{i}", users[i])))
         threads[-1].start()
-    # Both free replies are claimed by the worker (submitted to vLLM) before the paid one is sent.
-    assert wait_for(lambda: waiting_free() == 2, 60)
-    threads.append(threading.Thread(target=ask, args=("paid", frank, 8)))
+    assert wait_for(lambda: claimed(users[1:]) == 2, 60)  # the free replies are in the engine first
+    threads.append(threading.Thread(target=ask, args=("paid", frank)))
     threads[-1].start()
+    # All three wait in the engine behind the slot's holder (the worker's published load counts them).
+    assert wait_for(lambda: claimed([frank]) == 1 and (s := vllm_status()) is not None and s.waiting >= 3, 60)
+    release.set()
     for t in threads:
         t.join(300)
-    assert set(done_at) == {"blocker", "free1", "free2", "paid"}
+    assert set(done_at) == {"free1", "free2", "paid"}
     assert done_at["paid"] < min(done_at["free1"], done_at["free2"]), done_at
 
 
