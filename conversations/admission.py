@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Func, IntegerField, Sum
+from django.db.models import Count, Func, IntegerField, Q, Sum
 from django_ratelimit.core import get_usage
 
 from billing.models import DailyQuota
@@ -144,10 +144,15 @@ def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
     Byte-level BPE tokenizers never produce more tokens than UTF-8 bytes, so the conversation's bytes
     (``octet_length`` summed in PostgreSQL) plus the chat template's fixed tokens bound the prompt; the
     sliding window only ever drops turns."""
-    totals = conversation.messages.filter(role__in=[Message.Role.USER, Message.Role.ASSISTANT]).aggregate(
-        bytes=Sum(Func("content", function="octet_length", output_field=IntegerField())),
+    # One round trip for both figures (admission runs inside the send's transaction).
+    totals = conversation.messages.aggregate(
+        bytes=Sum(
+            Func("content", function="octet_length", output_field=IntegerField()),
+            filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
+        ),
+        count=Count("id"),
     )
-    turns = conversation.messages.count() + 2
+    turns = totals["count"] + 2
     return (
         (totals["bytes"] or 0)
         + len(conversation.system_prompt.encode())

@@ -40,10 +40,9 @@ from conversations.protocol import (
     parse_client_frame,
 )
 from conversations.reply_stream import CaughtUp, ReplyStreamMixin
-from conversations.selectors import message_get_for_user
 from database.connections import db_call
 from events import broadcast
-from observability import metrics, tracing
+from observability import metrics
 from observability.logs import log_context, new_request_id
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
         self.sent_at: dict[int, float] = {}
         self.pending: int | None = None  # load.note_pending token of the frame being handled
-        self.client_ttft: dict[int, float] = {}
+        self.client_ttft, self.reply_traces = {}, {}  # message id -> s; -> its trace (reply_stream.py)
         metrics.WS_OPEN.inc()
         self.counted_open = True
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
@@ -151,6 +150,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
 
     async def _receive(self, text_data):
         started = time.perf_counter()
+        received_ns = time.time_ns()  # wall clock: the reply's stages are joined across processes
         wait = self.bucket.take()
         if wait:
             metrics.observe_ws_frame("in", None)
@@ -175,6 +175,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
             await self.send_error("invalid_request", f"Invalid frame: {where}: {error['msg']}")
             return
         metrics.observe_ws_frame("in", {"type": frame.type})
+        self.frame_ns = (received_ns, time.time_ns())  # received, validated (stages of a reply's trace)
         try:
             await self._handle_frame(frame, started)
         finally:
@@ -325,7 +326,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         # shared database thread: a late refusal (the service's exact admission) does not queue behind other
         # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
         # client_id, tests/db/test_consumer_hardening.py).
-        with tracing.span("chat.send", conversation_id=frame.conversation_id or 0):
+        with self.send_span(frame.conversation_id):
             ticket = await db_call(self.admitting(generations.reply_request), thread_sensitive=False)(
                 user=self.user,
                 conversation_id=frame.conversation_id,
@@ -334,7 +335,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
                 model=frame.model,
             )
         if not ticket.duplicate:
-            self.sent_at[ticket.message.id] = started
+            self.note_sent(ticket.message.id, started)
         await self.watch_ticket(ticket)
 
     async def handle_regenerate(self, frame: RegenerateFrame):
@@ -347,15 +348,6 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
 
     async def handle_stop(self, frame: StopFrame):
         await db_call(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
-
-    async def handle_resume(self, frame: ResumeFrame):
-        # Check access first (joining a group of a foreign id would leak nothing, but costs a membership).
-        # Then join the group before reading the message: a frame published in between arrives live, and
-        # the browser drops seqs it already has.
-        await db_call(message_get_for_user)(user=self.user, message_id=frame.message_id)
-        await self.watch(frame.message_id)
-        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=frame.message_id)
-        await self.send_state(message, after_seq=frame.after_seq)
 
     async def send_json(self, content, close=False):
         metrics.observe_ws_frame("out", content)

@@ -7,10 +7,12 @@ re-dispatch (``conversations.reaper``).
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Q
 
 from conversations.admission import Admission, AdmissionRefused, admission_check
 from conversations.models import Message
 from inference.registry import declare_queue, queue_for, task_priority
+from observability import tracing
 from observability.logs import current_field
 
 #: The Celery task that generates a reply (``conversations/tasks.py``), under the name it has always had so
@@ -25,10 +27,10 @@ def queue_position(*, message: Message) -> int:
     ahead = Message.objects.filter(
         role=Message.Role.ASSISTANT, status=Message.Status.QUEUED, model_name=message.model_name
     )
-    return (
-        ahead.filter(conversation__owner__tier__queue_priority__gt=priority).count()
-        + ahead.filter(conversation__owner__tier__queue_priority=priority, id__lte=message.id).count()
-    )
+    return ahead.filter(
+        Q(conversation__owner__tier__queue_priority__gt=priority)
+        | Q(conversation__owner__tier__queue_priority=priority, id__lte=message.id)
+    ).count()
 
 
 def reply_dispatch(*, message: Message) -> None:
@@ -48,11 +50,16 @@ def reply_dispatch(*, message: Message) -> None:
     priority = task_priority(message.conversation.owner.tier.queue_priority)
     # The web request's id rides in the task headers so the worker's log lines carry it too.
     headers = {"request_id": current_field("request_id")}
-    transaction.on_commit(
-        lambda: current_app.send_task(
-            GENERATE_TASK, args=[message.id], queue=queue, priority=priority, headers=headers
-        )
-    )
+
+    def send():
+        # Its start is the commit (the reply is stored), its end the broker's publish confirm: two stages of
+        # the reply's trace (docs/overhead.md).
+        with tracing.span("reply.dispatch", queue=queue):
+            current_app.send_task(
+                GENERATE_TASK, args=[message.id], queue=queue, priority=priority, headers=headers
+            )
+
+    transaction.on_commit(send)
 
 
 def reply_admit(*, user, prompt_tokens_bound: int | None = None, model_name: str | None = None) -> Admission:

@@ -25,6 +25,7 @@ from conversations.generation_worker import (
     generation_start,
 )
 from conversations.models import Message
+from database.connections import close_request_connections
 from database.outages import DB_OUTAGE_ERRORS, with_db_retry
 from documents.retrieval import (
     DocumentsContext,
@@ -195,6 +196,9 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
         if cited.cited:
             citations_record(reply_id=message.id, cited=cited.cited)
+    # Nothing is read or written until the final write: give the connection back (to the pool) for the
+    # decode, so a worker's concurrent replies do not each hold one (DB_POOL_MAX_SIZE, docs/overhead.md).
+    close_request_connections()
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
@@ -215,6 +219,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         handle.cancel()
     final: FinishEvent | None = None
     publish_failures = 0
+    first_publish: tuple[int, int] | None = None  # ns: the first delta handed to / accepted by the layer
     monitor = OutputMonitor(tier=tier, user_id=message.conversation.owner_id)
     blocked: Verdict | None = None
     with tracing.quiet():  # one Redis span per delta would drown the trace
@@ -227,11 +232,14 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
                 if blocked is not None:
                     handle.cancel()
                     continue
+                publish_ns = time.time_ns()
                 try:
                     broadcast.publish(
                         message.id,
                         broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text),
                     )
+                    if first_publish is None:
+                        first_publish = (publish_ns, time.time_ns())
                 except REDIS_ERRORS:
                     # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
                     # final text reaches them in `done` (and from the database on resume).
@@ -244,6 +252,8 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     t = final.timings
     timer.finish_event(final)
     _record_engine_spans(submitted_ns, t)
+    if first_publish is not None:
+        tracing.record_span("channel_layer.first_token", *first_publish)
     logger.info(
         "reply finished: %s, %d prompt + %d completion tokens, TTFT %s ms, %.0f ms",
         final.finish_reason,

@@ -2,16 +2,17 @@
 on what it missed (``queued``, ``started`` and replayed tokens, or ``done``) and forwarding live frames
 without duplicates. :class:`ReplyStreamMixin` is mixed into ``conversations.consumers.ChatConsumer``, whose
 ``connect`` sets the attributes it uses (``user``, ``watching``, ``caught_up``, ``own_changes``,
-``sent_at``, ``client_ttft``, ``ended``).
+``sent_at``, ``client_ttft``, ``reply_traces``, ``ended``).
 """
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 from conversations import generations, reply_dispatch
 from database.connections import db_call
 from events import broadcast
-from observability import metrics
+from observability import metrics, tracing
 
 
 @dataclass
@@ -43,6 +44,26 @@ class CaughtUp:
 class ReplyStreamMixin:
     """Reply-stream methods of the chat consumer (see the module docstring)."""
 
+    #: ``time.time_ns()`` when the frame being handled was received and when it passed validation.
+    frame_ns: tuple[int, int] = (0, 0)
+
+    @contextlib.contextmanager
+    def send_span(self, conversation_id: int | None):
+        """The root span ``chat.send`` of a reply's trace, begun when its frame was received, with the
+        frame's validation as its first child (the stages of ``devtools/reply_stages.py``)."""
+        received_ns, validated_ns = self.frame_ns
+        with tracing.span("chat.send", start_ns=received_ns or None, conversation_id=conversation_id or 0):
+            tracing.record_span("ws.validate", received_ns, validated_ns)
+            self.send_trace = tracing.current_context()
+            yield
+
+    def note_sent(self, message_id: int, started: float) -> None:
+        """Remember when (``perf_counter``) the frame that queued ``message_id`` came in, and its trace, until
+        its first token frame goes out (:meth:`observe_overhead`, the ``ws.first_token`` span)."""
+        self.sent_at[message_id] = started
+        if getattr(self, "send_trace", None) is not None:
+            self.reply_traces[message_id] = self.send_trace
+
     async def send_state(self, message, *, after_seq: int) -> CaughtUp | None:
         """Bring the page up to date on ``message``: ``done`` when finished, ``queued`` when waiting, else
         ``started`` and the tokens with ``seq > after_seq`` from the replay stream. Returns what it sent of
@@ -65,6 +86,20 @@ class ReplyStreamMixin:
             await self.send_reply_frame(token)
             sent.last_seq = token["seq"]
         return sent
+
+    async def handle_resume(self, frame):
+        """``resume``: one read (access checked by the selector) answers a reply that ended for good with its
+        ``done``, without joining its group. A reply still in flight (or ``interrupted``, which a late worker
+        may still finish) joins its group first and is read again after the join, so a frame published in
+        between arrives live (the browser drops seqs it already has). Off Channels' shared database thread,
+        as a send: a flood of resumes on one socket does not queue behind every socket's database work
+        (docs/overhead.md)."""
+        read = db_call(generations.reply_for_resume, thread_sensitive=False)
+        message = await read(user=self.user, message_id=frame.message_id)
+        if message.is_active or message.status == message.Status.INTERRUPTED:
+            await self.watch(frame.message_id)
+            message = await read(user=self.user, message_id=frame.message_id)
+        await self.send_state(message, after_seq=frame.after_seq)
 
     async def watch_ticket(self, ticket: "generations.ReplyTicket"):
         """Follow the reply of an admitted ``send``/``regenerate``/``edit``/``continue``: join its group,
@@ -105,15 +140,22 @@ class ReplyStreamMixin:
         it (see :class:`CaughtUp`)."""
         if self.ended:
             return
+        received_ns = time.time_ns()
         frame = event["frame"]
         caught_up = self.caught_up.get(frame.get("message_id"))
         if caught_up is not None and caught_up.covers(frame):
             return
-        await self.send_reply_frame(frame)
+        await self.send_reply_frame(frame, received_ns=received_ns)
 
-    async def send_reply_frame(self, frame):
-        """Send a frame of a reply's stream (``started``, ``token``, ``done``), live or replayed."""
+    async def send_reply_frame(self, frame, *, received_ns: int | None = None):
+        """Send a frame of a reply's stream (``started``, ``token``, ``done``), live or replayed;
+        ``received_ns``: when the channel layer delivered it (``time.time_ns()``), None for a replay."""
+        received_ns = received_ns or time.time_ns()
         await self.send_json(frame)
+        if frame.get("type") == "token" and frame.get("message_id") in self.reply_traces:
+            # The last two stages of the reply's trace: received by this consumer, sent to the socket.
+            parent = self.reply_traces.pop(frame["message_id"])
+            tracing.record_span("ws.first_token", received_ns, time.time_ns(), parent=parent)
         self.observe_overhead(frame)
 
     def observe_overhead(self, frame):
@@ -124,6 +166,7 @@ class ReplyStreamMixin:
             self.client_ttft[message_id] = time.perf_counter() - self.sent_at.pop(message_id)
         elif frame.get("type") == "done":
             self.sent_at.pop(message_id, None)
+            self.reply_traces.pop(message_id, None)
             client_ttft = self.client_ttft.pop(message_id, None)
             if client_ttft is not None and frame.get("ttft_ms") is not None:
                 metrics.PIPELINE_OVERHEAD.observe(max(0.0, client_ttft - frame["ttft_ms"] / 1000))

@@ -97,7 +97,9 @@ def message_create(
     ``active_child`` and the conversation's ``active_leaf`` move to the new message. ``client_id``: a user
     message's idempotency key (unique per conversation; raises IntegrityError when taken).
     """
-    with transaction.atomic():
+    # No savepoint: every caller either runs it alone (then this is the transaction) or inside a transaction
+    # of its own that it rolls back whole on any error, so a savepoint would be two round trips for nothing.
+    with transaction.atomic(savepoint=False):
         # Lock the conversation row: two appends at once must not both read the same leaf.
         locked = Conversation.objects.select_for_update().only("id", "active_leaf").get(pk=conversation.pk)
         if isinstance(parent, _Append):

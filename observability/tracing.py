@@ -154,9 +154,18 @@ def _instrument(name: str) -> None:
         raise ValueError(f"unknown OTEL_INSTRUMENT entry {name!r}")
 
 
-def span(name: str, **attributes):
-    """A child span of the current one (context manager), e.g. ``with span("admission", tier="free"):``."""
-    return tracer.start_as_current_span(name, attributes=attributes or None)
+def span(name: str, *, start_ns: int | None = None, **attributes):
+    """A child span of the current one (context manager), e.g. ``with span("admission", tier="free"):``.
+    ``start_ns``: when it began (ns since the epoch, ``time.time_ns()``) if earlier than now, e.g. the
+    moment a frame was received."""
+    return tracer.start_as_current_span(name, start_time=start_ns, attributes=attributes or None)
+
+
+def current_context():
+    """The current span's context (to parent spans recorded later, outside the ``with`` block, e.g. the
+    consumer's first token of a reply whose ``chat.send`` span has ended); None when nothing is recorded."""
+    ctx = trace.get_current_span().get_span_context()
+    return ctx if ctx.is_valid else None
 
 
 def current_trace_id() -> str:
@@ -165,12 +174,17 @@ def current_trace_id() -> str:
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
-def record_span(name: str, start_ns: int, end_ns: int, **attributes) -> None:
-    """Write a finished child span of the current span with explicit times (ns since the epoch); used for
-    engine stages known only from the ``FinishEvent`` timings."""
-    if not trace.get_current_span().get_span_context().is_valid:
+def record_span(name: str, start_ns: int, end_ns: int, *, parent=None, **attributes) -> None:
+    """Write a finished child span of the current span (or of ``parent``, a span context from
+    :func:`current_context`) with explicit times (ns since the epoch); used for engine stages known only
+    from the ``FinishEvent`` timings and for the stages of a reply (``docs/overhead.md``)."""
+    if parent is not None:
+        context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    elif trace.get_current_span().get_span_context().is_valid:
+        context = None
+    else:
         return
-    s = tracer.start_span(name, start_time=start_ns, attributes=attributes or None)
+    s = tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes or None)
     s.end(end_time=max(start_ns, end_ns))
 
 

@@ -11,6 +11,8 @@ from urllib.parse import unquote
 import environ
 from kombu import Exchange, Queue
 
+from .database import database_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -85,11 +87,7 @@ TEMPLATES = [
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/chatsite")}
 # A Unix-socket directory as host, percent-encoded in the URL (postgres://user@%2Frun%2Fpostgresql/db).
 DATABASES["default"]["HOST"] = unquote(DATABASES["default"]["HOST"] or "")
-# 0: daphne runs sync views in per-request threads, so a persistent connection is left open per request
-# (Django's ASGI docs: disable persistent connections under ASGI; Django ticket #33497). Workers reconnect per
-# task, which costs a millisecond against seconds of generation.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].update(database_settings(env, DATABASES["default"].get("OPTIONS", {})))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"

@@ -50,6 +50,9 @@ CACHES = {
 }
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# No connection pool in tests: each test's connection lives in its transaction, and a pool's idle connections
+# would keep the test database from being dropped at the end (tests/unit/test_db_pool.py checks the pool).
+DATABASES["default"].get("OPTIONS", {}).pop("pool", None)
 WHITENOISE_USE_FINDERS = True  # serve static/ without collectstatic in the live-stack tests
 # Worker metrics on a free port (published in the fleet status): parallel test runs never collide.
 METRICS_WORKER_PORT = 0

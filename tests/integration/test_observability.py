@@ -255,7 +255,7 @@ def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
     trace_id = format(root.get_span_context().trace_id, "032x")
     assert reply.status == "completed" and reply.trace_id == trace_id
     web = {s.name for s in web_spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id}
-    assert {"chat.send", "moderation.input", "db.transaction", "admission"} <= web
+    assert {"chat.send", "moderation.input", "db.transaction", "admission", "reply.dispatch"} <= web
     assert any(name.startswith("apply_async/") for name in web)
     deadline = time.monotonic() + 10
     while True:
@@ -273,6 +273,7 @@ def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
         "engine.decode",
         "moderation.output",  # the final output check (partial checks while streaming make no span)
         "generation.final_write",
+        "channel_layer.first_token",  # a stage of manage.py reply_stages
     }
     assert expected <= names, names
     assert any(n.startswith("run/") for n in names)

@@ -1,0 +1,306 @@
+"""``manage.py bench_overhead``: what the product adds to the engine, against a running stack (``make run``),
+in one run: the bare engine (loaded in this process with the worker's settings), the page path (WebSocket)
+and the API path (SSE) on the same prompts and reply length, at 1, 8 and 32 clients, ``--rounds`` rounds
+(each round runs every path at every level, so drift of a shared machine's load hits them alike), plus
+refusals with the engine saturated and a ``resume`` flood. Prints median [min-max] over rounds for every
+goal row of ``docs/overhead.md``. A benchmark that prints figures, not a test.
+
+Engine figures: the bare engine's TTFT and inter-token gaps (its step time as a consumer of its events sees
+it) and tok/s; the stack's engine TTFT comes with each reply (``done`` frame, stored reply), so added TTFT is
+measured per reply. Refusals: a user whose tier refuses every request at the load gate
+(``admit_max_wait_s`` -1) sends ``--refusals`` frames from a process of its own while the 32-client page wave
+runs. Flood: ``resume`` of a finished reply, 100 frames/s for 5 s on one socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import os
+import statistics
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from devtools import overhead_bench as bench
+from devtools.reply_stages import percentile
+
+TIER = "bench-overhead"
+REFUSED_TIER = "bench-refused"
+
+
+def _median_range(values: list[float], fmt: str = "{:.0f}") -> str:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def _pct(streams, attr: str, q: float) -> float:
+    values = [getattr(s, attr) for s in streams if getattr(s, attr) is not None]
+    return percentile(values, q)
+
+
+def _gaps(streams) -> list[float]:
+    return [g for s in streams for g in s.gaps_ms]
+
+
+class Command(BaseCommand):
+    help = "Bare engine vs the full stack (page and API paths) at 1/8/32 clients; median [min-max] per goal."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--origin", default="http://127.0.0.1:8000")
+        parser.add_argument("--clients", default="1,8,32")
+        parser.add_argument("--rounds", type=int, default=3)
+        parser.add_argument("--max-tokens", type=int, default=32)
+        parser.add_argument("--samples", type=int, default=8, help="replies per level and round, at least")
+        parser.add_argument("--refusals", type=int, default=20)
+        parser.add_argument("--flood-rate", type=float, default=100.0)
+        parser.add_argument("--flood-seconds", type=float, default=5.0)
+        parser.add_argument("--skip-api", action="store_true")
+
+    def handle(self, *args, **o):
+        import logging
+
+        for noisy in ("httpx", "openai"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        levels = [int(x) for x in o["clients"].split(",")]
+        if o["rounds"] < 1 or min(levels) < 1:
+            raise CommandError("--rounds and --clients must be >= 1")
+        origin = o["origin"].rstrip("/")
+        self.ws_url = origin.replace("http", "ws", 1) + "/ws/chat/"
+        self.origin, self.api_url = origin, origin + "/v1"
+        load_before = open("/proc/loadavg").read().split()[:3]
+        cookies, refused_cookie, api_user, api_key, key = self.prepare(max(levels), o["max_tokens"])
+        engine = self.load_engine()
+        from conversations.reply_runner import sampling_for
+
+        sampling = sampling_for(max_new_tokens=o["max_tokens"])
+        per_round = []
+        try:
+            # Warm-up, not counted: first connections, the pools, the first prefill of each path.
+            bench.engine_wave(engine, 1, sampling, round_index=-1)
+            asyncio.run(bench.page_wave(cookies[:1], self.ws_url, self.origin))
+            if not o["skip_api"]:
+                self.api_wave(key, 1, o["max_tokens"])
+            for r in range(o["rounds"]):
+                rows: dict = {}
+                for n in levels:
+                    waves = max(1, math.ceil(o["samples"] / n))
+                    rows[("engine", n)] = [
+                        bench.engine_wave(engine, n, sampling, round_index=r) for _ in range(waves)
+                    ]
+                    refusals = (
+                        self.start_refusals(refused_cookie, o["refusals"]) if n == max(levels) else None
+                    )
+                    rows[("page", n)] = [
+                        asyncio.run(bench.page_wave(cookies[:n], self.ws_url, self.origin))
+                        for _ in range(waves)
+                    ]
+                    if refusals is not None:
+                        rows["refusals"] = self.finish_refusals(*refusals)
+                    if not o["skip_api"]:
+                        rows[("api", n)] = [self.api_wave(key, n, o["max_tokens"]) for _ in range(waves)]
+                rows["flood"] = self.flood(cookies[0], o["flood_rate"], o["flood_seconds"])
+                per_round.append(rows)
+                self.stderr.write(f"round {r + 1}/{o['rounds']} done")
+        finally:
+            engine.shutdown()
+            api_key.delete()
+            self.cleanup(api_user)
+        load_after = open("/proc/loadavg").read().split()[:3]
+        self.report(per_round, levels, o, load_before, load_after)
+
+    # --- set-up ------------------------------------------------------------------------------------------------
+
+    def prepare(self, clients: int, max_tokens: int):
+        from accounts.models import User
+        from accounts.sessions import session_cookie_for
+        from api.services import api_key_create
+        from billing.models import Tier
+
+        paid = Tier.objects.get(name="paid")
+        common = dict(
+            model_name=paid.model_name,
+            requests_per_minute=100_000,
+            tokens_per_day=1_000_000_000,
+            max_reply_tokens=max_tokens,
+            max_context_tokens=paid.max_context_tokens,
+            queue_priority=paid.queue_priority,
+            max_concurrent_generations=64,
+        )
+        tier, _ = Tier.objects.update_or_create(
+            name=TIER, defaults=dict(display_name="Overhead bench", admit_max_wait_s=3600, **common)
+        )
+        refused, _ = Tier.objects.update_or_create(
+            name=REFUSED_TIER, defaults=dict(display_name="Refused", admit_max_wait_s=-1, **common)
+        )
+
+        def user(name, t):
+            u, _ = User.objects.get_or_create(username=name, defaults={"tier": t})
+            if u.tier_id != t.id:
+                u.tier = t
+                u.save(update_fields=["tier"])
+            return u
+
+        cookies = [session_cookie_for(user(f"{TIER}-{i}", tier)) for i in range(clients)]
+        refused_cookie = session_cookie_for(user(REFUSED_TIER, refused))
+        api_user = user(f"{TIER}-api", tier)
+        api_key, key = api_key_create(user=api_user, name="bench_overhead")
+        return cookies, refused_cookie, api_user, api_key, key
+
+    def load_engine(self):
+        from django.conf import settings
+
+        from inference.engine import LLMEngine
+        from inference.registry import engine_config, model_spec
+
+        engine = LLMEngine.from_spec(model_spec(), engine_config(), settings.MODEL_CACHE_DIR)
+        engine.start()
+        return engine
+
+    def cleanup(self, api_user):
+        from conversations.models import Conversation
+
+        Conversation.objects.filter(owner__username__startswith=TIER).delete()
+        Conversation.objects.filter(owner__username=REFUSED_TIER).delete()
+
+    # --- paths -------------------------------------------------------------------------------------------------
+
+    def api_wave(self, key: str, n: int, max_tokens: int):
+        from django.conf import settings
+
+        from conversations.models import Message
+
+        wave, ids = asyncio.run(
+            bench.api_wave(self.api_url, key, settings.INFERENCE_DEFAULT_MODEL, n, max_tokens)
+        )
+        stored = dict(Message.objects.filter(pk__in=ids).values_list("id", "ttft_ms"))
+        for stream, message_id in zip(wave.streams, ids, strict=True):
+            stream.engine_ttft_ms = stored.get(message_id)
+        return wave
+
+    def start_refusals(self, cookie: str, count: int):
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        proc = ctx.Process(
+            target=bench.refusal_probe, args=(self.ws_url, self.origin, cookie, count, 0.15, out)
+        )
+        proc.start()
+        return proc, out
+
+    def finish_refusals(self, proc, out) -> list[float]:
+        try:
+            times = out.get(timeout=120)
+        finally:
+            proc.join(10)
+        return times
+
+    def flood(self, cookie: str, rate: float, seconds: float) -> dict:
+        from conversations.models import Message
+
+        finished = (
+            Message.objects.filter(
+                conversation__owner__username=f"{TIER}-0", role="assistant", status="completed"
+            )
+            .order_by("-id")
+            .first()
+        )
+        if finished is None:
+            return {}
+        return asyncio.run(
+            bench.resume_flood(self.ws_url, self.origin, cookie, finished.id, rate=rate, seconds=seconds)
+        )
+
+    # --- report ------------------------------------------------------------------------------------------------
+
+    def report(self, per_round, levels, o, load_before, load_after):
+        w = self.stdout.write
+        w(
+            f"bench_overhead: {o['rounds']} rounds, {o['max_tokens']}-token replies, levels {levels}; "
+            f"{os.cpu_count()} CPUs; load average before {' '.join(load_before)}, after {' '.join(load_after)}"
+        )
+
+        def flat(rows, key):
+            return [s for wave in rows.get(key, []) for s in wave.streams]
+
+        def tps(rows, key):
+            waves = rows.get(key, [])
+            return sum(wv.tokens_per_s for wv in waves) / len(waves) if waves else float("nan")
+
+        w("| measure | goal | median [min-max] over rounds |")
+        w("|---|---|---|")
+        for n in levels:
+            for path in ("page", "api"):
+                if path == "api" and o["skip_api"]:
+                    continue
+                p50 = [_pct(flat(rows, (path, n)), "added_ms", 50) for rows in per_round]
+                p99 = [_pct(flat(rows, (path, n)), "added_ms", 99) for rows in per_round]
+                goal = "p50 < 15, p99 < 40" if n == 1 else ("p50 < 50" if n == 32 else "-")
+                w(
+                    f"| added TTFT, {path} path, {n} clients, p50 ms | {goal} | {_median_range(p50, '{:.1f}')} |"
+                )
+                w(f"| added TTFT, {path} path, {n} clients, p99 ms | | {_median_range(p99, '{:.1f}')} |")
+            eng = [_pct(flat(rows, ("engine", n)), "ttft_ms", 50) for rows in per_round]
+            w(f"| bare engine TTFT, {n} clients, p50 ms | | {_median_range(eng, '{:.1f}')} |")
+            stack = [_pct(flat(rows, ("page", n)), "engine_ttft_ms", 50) for rows in per_round]
+            w(f"| stack's engine TTFT (page), {n} clients, p50 ms | | {_median_range(stack, '{:.1f}')} |")
+            bare_tps = [tps(rows, ("engine", n)) for rows in per_round]
+            page_tps = [tps(rows, ("page", n)) for rows in per_round]
+            w(f"| tok/s, bare engine, {n} clients | | {_median_range(bare_tps)} |")
+            w(f"| tok/s, page path, {n} clients | | {_median_range(page_tps)} |")
+            ratio = [p / b if b else float("nan") for p, b in zip(page_tps, bare_tps, strict=True)]
+            goal = ">= 0.9" if n == 32 else "-"
+            w(f"| tok/s page / bare, {n} clients | {goal} | {_median_range(ratio, '{:.2f}')} |")
+            gaps_page = [percentile(_gaps(flat(rows, ("page", n))), 99) for rows in per_round]
+            gaps_bare = [percentile(_gaps(flat(rows, ("engine", n))), 99) for rows in per_round]
+            w(
+                f"| inter-token gap p99, page client, {n} clients, ms | | {_median_range(gaps_page, '{:.1f}')} |"
+            )
+            w(
+                f"| engine step (inter-token gap) p99, bare, {n} clients, ms | | {_median_range(gaps_bare, '{:.1f}')} |"
+            )
+            gr = [p / b if b else float("nan") for p, b in zip(gaps_page, gaps_bare, strict=True)]
+            goal = "<= 1.5" if n == 32 else "-"
+            w(f"| gap p99 page / engine step p99, {n} clients | {goal} | {_median_range(gr, '{:.2f}')} |")
+        ref = [percentile(rows.get("refusals", []), 99) for rows in per_round]
+        ref50 = [percentile(rows.get("refusals", []), 50) for rows in per_round]
+        counts = [len(rows.get("refusals", [])) for rows in per_round]
+        w(
+            f"| refusal p50, engine saturated ({max(levels)} page clients), ms | | {_median_range(ref50, '{:.1f}')} |"
+        )
+        w(
+            f"| refusal p99, engine saturated, ms ({_median_range(counts)} refusals/round) | < 100 | {_median_range(ref, '{:.1f}')} |"
+        )
+        floods = [rows.get("flood") or {} for rows in per_round]
+        answered = [f.get("answered", 0) / f["sent"] if f.get("sent") else float("nan") for f in floods]
+        f99 = [percentile(f.get("latencies_ms", []), 99) for f in floods]
+        w(
+            f"| resume flood {o['flood_rate']:.0f}/s x {o['flood_seconds']:.0f} s: answered share | 1.0 | {_median_range(answered, '{:.2f}')} |"
+        )
+        w(f"| resume flood: answer p99 ms | < 250 | {_median_range(f99, '{:.1f}')} |")
+        w(f"resume flood answers by kind, per round: {[f.get('kinds') for f in floods]}")
+        errors = sorted(
+            {
+                s.error
+                for rows in per_round
+                for k, v in rows.items()
+                if isinstance(k, tuple)
+                for wv in v
+                for s in wv.streams
+                if s.error
+            }
+        )
+        failed = sum(
+            1
+            for rows in per_round
+            for k, v in rows.items()
+            if isinstance(k, tuple)
+            for wv in v
+            for s in wv.streams
+            if not s.ok
+        )
+        w(
+            f"replies not completed: {failed}; error codes: {errors or 'none'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        )

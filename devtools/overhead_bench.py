@@ -1,0 +1,260 @@
+"""The clients of ``manage.py bench_overhead``: the bare engine in this process, the page path (WebSocket)
+and the API path (SSE) against a running stack, a refusal prober and a ``resume`` flood, each returning
+plain figures. No Django import at module level: the refusal prober runs in a spawned process of its own,
+so the streaming clients of this one do not delay the loop that times the refusals.
+
+Every stream records, per reply: TTFT (ms, from the request leaving the client to the first token reaching
+it), the gaps between its tokens (ms), the token count, and for the stack the engine's own TTFT (the ``done``
+frame's ``ttft_ms`` / the stored reply's, from the request entering the engine to its first token), so that
+``added TTFT = client TTFT - engine TTFT`` is what the product adds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+PROMPTS = [
+    "Explain what a KV cache is in two sentences.",
+    "Give me three tips for learning to cook.",
+    "What is the capital of Japan, and what is it known for?",
+    "Write a haiku about the sea.",
+    "Summarize the plot of a heist movie in a few sentences.",
+    "List four prime numbers and explain why they are prime.",
+]
+
+
+@dataclass
+class Stream:
+    """One reply as a client saw it (ms); ``engine_ttft_ms`` None for the bare engine (its TTFT is the
+    client's)."""
+
+    ttft_ms: float | None = None
+    engine_ttft_ms: float | None = None
+    gaps_ms: list[float] = field(default_factory=list)
+    tokens: int = 0
+    ok: bool = False
+    error: str = ""
+
+    @property
+    def added_ms(self) -> float | None:
+        if self.ttft_ms is None or self.engine_ttft_ms is None:
+            return None
+        return self.ttft_ms - self.engine_ttft_ms
+
+
+@dataclass
+class Wave:
+    """``n`` concurrent replies started together; ``wall_s`` from the first request to the last token."""
+
+    streams: list[Stream]
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(s.tokens for s in self.streams) / self.wall_s if self.wall_s else 0.0
+
+
+class _Clock:
+    """Token arrival times of one stream, turned into a TTFT and gaps."""
+
+    def __init__(self, stream: Stream, started: float):
+        self.stream, self.started, self.last = stream, started, None
+
+    def token(self, count: int = 1) -> None:
+        now = time.perf_counter()
+        if self.last is None:
+            self.stream.ttft_ms = (now - self.started) * 1000
+        else:
+            self.stream.gaps_ms.append((now - self.last) * 1000)
+        self.last = now
+        self.stream.tokens += count
+
+
+# --- the bare engine, in this process ------------------------------------------------------------------------
+
+
+def engine_wave(engine, n: int, sampling, *, round_index: int) -> Wave:
+    """``n`` requests submitted at once straight to ``engine`` (the worker's engine class and settings),
+    each consumed on its own thread as the worker's reply runner does; prompts as the stack renders them
+    (one user turn, the model's chat template)."""
+    from inference.engine import TokenEvent
+
+    prompts = [engine.render_chat([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(n)]
+    streams = [Stream() for _ in range(n)]
+    barrier = threading.Barrier(n + 1)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        clock = _Clock(streams[i], time.perf_counter())
+        handle = engine.submit(
+            prompts[i],
+            sampling,
+            request_id=f"bench-{uuid.uuid4().hex}",
+            cache_salt=f"bench:{round_index}:{i}",
+        )
+        for event in handle.events():
+            if isinstance(event, TokenEvent):
+                clock.token(len(event.token_ids))
+            else:
+                streams[i].ok = event.finish_reason in ("stop", "length")
+                streams[i].engine_ttft_ms = streams[i].ttft_ms
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return Wave(streams, time.perf_counter() - started)
+
+
+# --- the page path (WebSocket) ---------------------------------------------------------------------------------
+
+
+async def _page_reply(ws, prompt: str, stream: Stream, timeout: float) -> None:
+    started = time.perf_counter()
+    clock = _Clock(stream, started)
+    await ws.send(json.dumps({"type": "send", "content": prompt, "client_id": str(uuid.uuid4())}))
+    while True:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        kind = frame["type"]
+        if kind == "token" and frame.get("text"):
+            clock.token()
+        elif kind == "done":
+            stream.ok = frame["status"] == "completed"
+            stream.engine_ttft_ms = frame["ttft_ms"]
+            return
+        elif kind == "error":
+            stream.error = frame["code"]
+            return
+
+
+async def page_wave(cookies: list[str], url: str, origin: str, timeout: float = 300.0) -> Wave:
+    """One ``send`` on each of ``len(cookies)`` sockets (opened first, not timed), all at once."""
+    import websockets
+
+    sockets = [
+        await websockets.connect(url, additional_headers={"Cookie": c}, origin=origin, max_size=None)
+        for c in cookies
+    ]
+    streams = [Stream() for _ in cookies]
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(_page_reply(ws, PROMPTS[i % len(PROMPTS)], streams[i], timeout) for i, ws in enumerate(sockets))
+        )
+        wall = time.perf_counter() - started
+    finally:
+        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    return Wave(streams, wall)
+
+
+# --- the API path (SSE, the openai client) ---------------------------------------------------------------------
+
+
+async def _api_reply(client, model: str, prompt: str, max_tokens: int, stream: Stream) -> int:
+    clock = _Clock(stream, time.perf_counter())
+    completion_id = ""
+    response = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+        store=True,
+    )
+    async for chunk in response:
+        completion_id = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            clock.token()
+        if chunk.choices and chunk.choices[0].finish_reason:
+            stream.ok = True
+    return int(completion_id.removeprefix("chatcmpl-") or 0)
+
+
+async def api_wave(base_url: str, key: str, model: str, n: int, max_tokens: int) -> tuple[Wave, list[int]]:
+    """``n`` streamed chat completions at once; returns the wave and the stored replies' ids (the caller
+    reads their engine TTFT from the database)."""
+    import openai
+
+    streams = [Stream() for _ in range(n)]
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300) as client:
+        started = time.perf_counter()
+        ids = await asyncio.gather(
+            *(_api_reply(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, streams[i]) for i in range(n))
+        )
+        wall = time.perf_counter() - started
+    return Wave(streams, wall), list(ids)
+
+
+# --- refusals and the resume flood -----------------------------------------------------------------------------
+
+
+async def _refusals(url: str, origin: str, cookie: str, count: int, interval_s: float) -> list[float]:
+    import websockets
+
+    times = []
+    async with websockets.connect(url, additional_headers={"Cookie": cookie}, origin=origin) as ws:
+        for _ in range(count):
+            started = time.perf_counter()
+            await ws.send(json.dumps({"type": "send", "content": "Hello?", "client_id": str(uuid.uuid4())}))
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                if frame["type"] == "error":
+                    times.append((time.perf_counter() - started) * 1000)
+                    break
+                if frame["type"] == "queued":  # admitted after all: not a refusal, not counted
+                    break
+            await asyncio.sleep(interval_s)
+    return times
+
+
+def refusal_probe(url: str, origin: str, cookie: str, count: int, interval_s: float, out) -> None:
+    """Entry point of the spawned prober process: ``count`` sends, one every ``interval_s`` s, by a user whose
+    tier refuses every request at the load gate; puts the refusal times (ms, send -> error frame) on ``out``."""
+    out.put(asyncio.run(_refusals(url, origin, cookie, count, interval_s)))
+
+
+async def resume_flood(
+    url: str, origin: str, cookie: str, message_id: int, *, rate: float, seconds: float, wait_s: float = 10.0
+) -> dict:
+    """``rate`` ``resume`` frames per second for ``seconds`` s on one socket, each for the finished reply
+    ``message_id`` (so each is answered with its ``done`` frame, or ``rate_limited`` beyond the socket's
+    frame budget). The socket answers in order, so the k-th answer is the k-th frame's. Returns counts and
+    the answer times (ms)."""
+    import websockets
+
+    sent: list[float] = []
+    answers: list[tuple[float, str]] = []
+    async with websockets.connect(
+        url, additional_headers={"Cookie": cookie}, origin=origin, max_size=None
+    ) as ws:
+
+        async def reader():
+            while True:
+                frame = json.loads(await ws.recv())
+                if frame["type"] in ("done", "error"):
+                    answers.append((time.perf_counter(), frame.get("code") or frame["type"]))
+
+        task = asyncio.ensure_future(reader())
+        frame = json.dumps({"type": "resume", "message_id": message_id, "after_seq": -1})
+        start = time.perf_counter()
+        total = int(rate * seconds)
+        for k in range(total):
+            await asyncio.sleep(max(0.0, start + k / rate - time.perf_counter()))
+            sent.append(time.perf_counter())
+            await ws.send(frame)
+        deadline = time.perf_counter() + wait_s
+        while len(answers) < total and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+        task.cancel()
+    latencies = [(a - s) * 1000 for s, (a, _) in zip(sent, answers, strict=False)]
+    kinds: dict[str, int] = {}
+    for _, kind in answers:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return {"sent": total, "answered": len(answers), "kinds": kinds, "latencies_ms": latencies}

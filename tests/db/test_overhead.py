@@ -1,0 +1,138 @@
+"""The product's own overhead on a reply's way, locked in by structure, not by timings (``docs/overhead.md``):
+the SQL round trips a ``send`` costs, no database write per generated token, the connection pool the web
+and worker processes are configured with. Real PostgreSQL, Redis and broker; a real engine over a tiny
+random-weight Llama (no Celery: ``run_generation`` is what the task calls)."""
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from billing.models import Tier
+from conversations import generations
+from conversations.models import Message
+from conversations.reply_runner import run_generation
+from inference.engine import EngineConfig, LLMEngine
+from inference.worker import WorkerHost
+from tests.conftest import broker_take
+from tests.db.tiny_model import tiny_loaded_model
+
+pytestmark = pytest.mark.django_db
+
+#: Round trips of a ``send`` (with the page's ``client_id``) to an existing conversation: the idempotency
+#: lookup, the conversation, the prompt bound (one aggregate), the concurrency count, the quota (insert,
+#: conditional update, read) and the organisation's cap, the two messages (lock, insert, parent, leaf each),
+#: the input guard's verdict, the busy check, the reservation, the rollout, and the place in line;
+#: BEGIN/COMMIT are not counted. Before the cut it was 29 without the organisation and guard reads
+#: (docs/overhead.md): savepoints per message, the owner and tier read again for dispatch, two counts each for
+#: the prompt bound and the place in line.
+SEND_QUERIES = 23
+
+
+def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
+    alice, redis_clean, django_assert_max_num_queries, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        first = generations.reply_request(user=alice, conversation_id=None, content="Hello")
+    Message.objects.filter(pk=first.message.pk).update(status=Message.Status.COMPLETED)
+    conversation_id = first.message.conversation_id
+    broker_take("inference.smollm2-135m-instruct")
+
+    with django_assert_max_num_queries(SEND_QUERIES), django_capture_on_commit_callbacks(execute=True):
+        ticket = generations.reply_request(
+            user=alice, conversation_id=conversation_id, content="And then?", client_id=str(uuid.uuid4())
+        )
+
+    stored = Message.objects.filter(conversation_id=conversation_id).order_by("id")
+    assert [(m.role, m.status) for m in stored] == [
+        ("user", "completed"),
+        ("assistant", "completed"),
+        ("user", "completed"),
+        ("assistant", "queued"),
+    ]
+    assert ticket.position == 1 and ticket.message == stored[3]
+    assert broker_take("inference.smollm2-135m-instruct") == [([ticket.message.id], 0)]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = LLMEngine(tiny_loaded_model(), EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def _writes_of_a_reply(user, host, max_reply_tokens: int) -> tuple[Message, list[str]]:
+    Tier.objects.filter(pk=user.tier_id).update(max_reply_tokens=max_reply_tokens)
+    ticket = generations.reply_request(user=user, conversation_id=None, content="Count to fifty, please.")
+    with CaptureQueriesContext(connection) as queries:
+        assert run_generation(message_id=ticket.message.id, host=host) == "completed"
+    writes = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith(("INSERT", "UPDATE", "DELETE"))
+    ]
+    return Message.objects.get(pk=ticket.message.id), writes
+
+
+def test_a_reply_writes_to_the_database_the_same_number_of_times_whatever_its_length(
+    alice, redis_clean, engine
+):
+    host = WorkerHost(engine)
+    short, short_writes = _writes_of_a_reply(alice, host, 2)
+    long, long_writes = _writes_of_a_reply(alice, host, 24)
+    # Tokens go to Redis (replay stream, channel layer); the text is written once, at the end.
+    assert short.completion_tokens < long.completion_tokens
+    assert long.content and long.status == Message.Status.COMPLETED
+    assert len(short_writes) == len(long_writes)
+    assert len(long_writes) < long.completion_tokens
+
+
+def test_web_and_worker_processes_reuse_pooled_postgresql_connections():
+    """The settings a deployment runs with (``chatsite.settings.dev``, as ``make run``) configure psycopg's
+    pool, and consecutive database calls from the event loop (``db_call``, as a consumer makes them) are
+    served by the same few PostgreSQL backends instead of one new connection each."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    script = """
+import asyncio, json, django
+django.setup()
+from django.conf import settings
+from django.db import connection
+from database.connections import db_call
+
+def backend_pid():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+async def calls():
+    return [await db_call(backend_pid, thread_sensitive=False)() for _ in range(6)]
+
+print(json.dumps({"pool": settings.DATABASES["default"]["OPTIONS"]["pool"], "pids": asyncio.run(calls())}))
+"""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings.dev",
+        "DATABASE_URL": url,
+        "REDIS_URL": settings.REDIS_URL,
+        "DB_POOL_MAX_SIZE": "4",
+        "DB_POOL_MIN_SIZE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["pool"]["max_size"] == 4
+    # Without the pool each call opens (and closes) its own connection: six backends.
+    assert len(set(result["pids"])) <= 2, result["pids"]
