@@ -34,10 +34,16 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 when PostgreSQL, Redis, the broker and at least one ready (not draining) worker are
-    fine; otherwise 503 with ``failing`` naming each failing check and ``checks`` giving every result."""
+    fine; otherwise 503 with ``failing`` naming each failing check and ``checks`` giving every result.
+    ``workers`` lists each live worker's model, backend (``native``/``vllm``), readiness and health."""
     checks = health.readiness()
     failing = [name for name, result in checks.items() if result != "ok"]
-    body = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
+    body = {
+        "status": "fail" if failing else "ok",
+        "failing": failing,
+        "checks": checks,
+        "workers": health.workers_summary(),
+    }
     # Memory's vector store: shown, never failing readiness (replies go on without recall).
     body["vector_store"] = health.vector_store()
     response = JsonResponse(body, status=503 if failing else 200)

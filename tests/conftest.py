@@ -1,5 +1,7 @@
 """Fixtures shared by every test layer."""
 
+import os
+
 import pytest
 
 # The live-stack fixtures are defined once for the whole session: imported into both the integration and
@@ -14,6 +16,9 @@ from tests.live_stack import (  # noqa: F401
     private_redis,
     worker_factory,
 )
+
+# The vLLM layer runs from its own virtualenv (scripts/test_vllm.sh sets CHATSITE_TEST_VLLM=1).
+collect_ignore = [] if os.environ.get("CHATSITE_TEST_VLLM") == "1" else ["vllm"]
 
 
 @pytest.fixture(scope="session")

@@ -160,11 +160,11 @@ INFERENCE_MODELS = {
         "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
         "version": env("SMOLLM2_VERSION", default=""),
     },
-}
-# Aliases: more names for registered weights, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct"
-# (an OpenAI client's default model name, or a tier's own name for a model). Each alias is a model of its
-# own to routing, admission and billing (its own queue; a worker started with INFERENCE_DEFAULT_MODEL=<alias>
-# serves and announces it) while loading the target's prepared weights.
+} | env.json("INFERENCE_EXTRA_MODELS", default={})  # more entries (JSON): docs/serving-backends.md
+INFERENCE_BACKEND = env("INFERENCE_BACKEND", default="auto")  # auto (CUDA: vllm, CPU: native), native, vllm
+INFERENCE_VLLM_ARGS = env.json("INFERENCE_VLLM_ARGS", default={})  # vLLM engine arguments over the entry's
+# Aliases, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct": each a model of its own to routing,
+# admission, billing and its queue (served by a worker with INFERENCE_DEFAULT_MODEL=<alias>), same weights.
 INFERENCE_MODEL_ALIASES = env.dict("INFERENCE_MODEL_ALIASES", default={})
 for _alias, _target in INFERENCE_MODEL_ALIASES.items():
     if _target not in INFERENCE_MODELS:
