@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 
-.PHONY: run test test-cluster install db lint bench load clean-model
+.PHONY: run run-vllm test test-vllm test-cluster install install-vllm db lint bench load clean-model
 
 install:
 	@scripts/install.sh
@@ -16,6 +16,18 @@ run: db
 	$(VENV)/python manage.py prepare_model
 	$(VENV)/python manage.py collectstatic --noinput -v0
 	$(VENV)/honcho start -f Procfile
+
+# vLLM backend (docs/serving-backends.md): its own virtualenv, a worker served by vLLM, its test layer.
+install-vllm:
+	@scripts/install_vllm.sh
+
+run-vllm: db install-vllm
+	$(VENV)/python manage.py prepare_model
+	$(VENV)/python manage.py collectstatic --noinput -v0
+	$(VENV)/honcho start -f Procfile.vllm
+
+test-vllm: install install-vllm
+	@scripts/test_vllm.sh $(ARGS)
 
 lint: install
 	$(VENV)/ruff check .

@@ -14,6 +14,9 @@ from api.errors import invalid
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP = 4
+#: OpenAI's limits on ``metadata``: 16 pairs, keys up to 64 and values up to 512 characters.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_USER_CHARS = 256
 
 # Accepted only when absent, null or at the value that changes nothing.
 _NOOP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -65,7 +68,8 @@ class ChatRequest:
     """A validated request. ``messages`` are ``{"role", "content"}`` with ``content`` a string and
     ``developer`` folded into ``system``; ``sampling`` holds only the parameters the caller set (keys
     ``temperature``, ``top_p``, ``stop``, ``seed``, ``max_tokens``, ``presence_penalty``,
-    ``frequency_penalty``)."""
+    ``frequency_penalty``); ``max_tokens_param`` names the parameter ``max_tokens`` came from. ``user`` and
+    ``metadata`` are stored with the completion."""
 
     model: str
     messages: list[dict[str, str]]
@@ -73,6 +77,9 @@ class ChatRequest:
     include_usage: bool = False
     store: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
+    max_tokens_param: str = "max_tokens"
+    user: str = ""
+    metadata: dict[str, str] | None = None
 
 
 def _number(body: dict, name: str, low: float, high: float) -> float | None:
@@ -151,8 +158,10 @@ def _messages(value: Any, max_chars: int) -> list[dict[str, str]]:
                 f"'{param}.content' is longer than {max_chars} characters.", param=f"{param}.content"
             )
         messages.append({"role": "system" if role == "developer" else role, "content": content})
-    if not any(m["role"] == "user" for m in messages):
-        raise invalid("'messages' must contain at least one user message.", param="messages")
+    # Empty turns are left out of a reply's context, so a request whose user turns are all empty would
+    # reach the worker with nothing to answer (found by schemathesis: it ended as a failed reply, a 500).
+    if not any(m["role"] == "user" and m["content"] for m in messages):
+        raise invalid("'messages' must contain at least one user message with text.", param="messages")
     return messages
 
 
@@ -195,11 +204,12 @@ def parse_chat_request(body: Any, *, max_message_chars: int) -> ChatRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required.", param="model")
-    for name in ("user",):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise invalid(f"'{name}' must be a string.", param=name)
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise invalid("'metadata' must be an object.", param="metadata")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise invalid("'user' must be a string.", param="user")
+    if user is not None and len(user) > MAX_USER_CHARS:
+        raise invalid(f"'user' is longer than {MAX_USER_CHARS} characters.", param="user")
+    metadata = _metadata(body.get("metadata"))
     stream = _boolean(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = False
@@ -227,6 +237,7 @@ def parse_chat_request(body: Any, *, max_message_chars: int) -> ChatRequest:
         sampling["seed"] = seed
     max_completion = _integer(body, "max_completion_tokens", 1, 2**31)
     max_tokens = _integer(body, "max_tokens", 1, 2**31)
+    max_tokens_param = "max_completion_tokens" if max_completion is not None else "max_tokens"
     if max_completion is not None or max_tokens is not None:
         sampling["max_tokens"] = max_completion if max_completion is not None else max_tokens
     stop = _stop(body.get("stop"))
@@ -239,4 +250,40 @@ def parse_chat_request(body: Any, *, max_message_chars: int) -> ChatRequest:
         include_usage=include_usage,
         store=_boolean(body, "store"),
         sampling=sampling,
+        max_tokens_param=max_tokens_param,
+        user=user or "",
+        metadata=metadata,
     )
+
+
+def check_reply_limit(chat: ChatRequest, *, limit: int) -> None:
+    """Refuse a ``max_tokens`` (or ``max_completion_tokens``) above ``limit``, the caller's plan's reply
+    limit in tokens: 400 ``invalid_value`` naming the parameter, as OpenAI answers a value above a model's
+    limit, instead of capping it silently (OpenAI clients surface the message; none reads a capped value
+    anywhere)."""
+    asked = chat.sampling.get("max_tokens")
+    if asked is not None and asked > limit:
+        raise invalid(
+            f"'{chat.max_tokens_param}' is too large: {asked}. Your plan allows at most {limit} completion "
+            f"tokens per reply.",
+            param=chat.max_tokens_param,
+            code="invalid_value",
+        )
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("'metadata' must be an object.", param="metadata")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise invalid(f"'metadata' holds at most {MAX_METADATA_PAIRS} pairs.", param="metadata")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise invalid(f"'metadata' keys are at most {MAX_METADATA_KEY} characters.", param="metadata")
+        if not isinstance(item, str) or len(item) > MAX_METADATA_VALUE:
+            raise invalid(
+                f"'metadata.{key}' must be a string of at most {MAX_METADATA_VALUE} characters.",
+                param=f"metadata.{key}",
+            )
+    return dict(value)

@@ -118,10 +118,13 @@ def moderations(request):
         except (UnicodeDecodeError, ValueError) as exc:
             raise invalid("We could not parse the JSON body of your request.", code="invalid_json") from exc
         texts = _inputs(body)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):  # found by schemathesis: {} was echoed back
+            raise invalid("'model' must be a string.", param="model")
         _rate_limit(user)
     except ApiError as error:
         return error.response()
-    model = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else MODEL
+    model = model or MODEL
     return JsonResponse(
         {"id": f"modr-{uuid.uuid4().hex}", "model": model, "results": [_result(t, user) for t in texts]}
     )

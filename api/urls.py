@@ -11,6 +11,7 @@ v1_urlpatterns = [
     path("models", v1.models_list, name="models"),
     path("moderations", moderations.moderations, name="moderations"),
     path("models/<path:model_id>", v1.model_detail, name="model"),
+    path("openapi.json", v1.openapi_json, name="openapi"),
     re_path(r"^(?P<rest>.*)$", v1.not_found),
 ]
 settings_urlpatterns = [

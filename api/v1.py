@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from api import chunks
 from api.auth import user_for_request
-from api.chat_request import ChatRequest, parse_chat_request
+from api.chat_request import ChatRequest, check_reply_limit, parse_chat_request
 from api.errors import (
     ApiError,
     completion_failed,
@@ -34,6 +34,7 @@ from api.errors import (
     rate_limit_headers,
 )
 from api.follow import ReplyLost, ReplySubscription, reply_frames
+from api.openapi_v1 import openapi_document
 from api.streaming import CompletionStream
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
@@ -79,6 +80,7 @@ def _prepare(request) -> tuple:
     chat = parse_chat_request(_read_json(request), max_message_chars=settings.MAX_MESSAGE_CHARS)
     if chat.model not in models_for_tier(user.tier):
         raise model_not_found(chat.model)
+    check_reply_limit(chat, limit=user.tier.max_reply_tokens)
     return user, chat
 
 
@@ -96,6 +98,8 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
             messages=chat.messages,
             sampling=chat.sampling,
             store=chat.store,
+            api_user=chat.user,
+            api_metadata=chat.metadata,
             on_queued=subscribe,
         )
     except AdmissionRefused as refused:
@@ -147,11 +151,12 @@ async def _chat_completions(request, layer, channel):
     subscription = _subscription(layer, channel, user, reply, request_id)
     with log_context(user_id=user.pk, message_id=reply.id):
         logger.info(
-            "completion queued: model %s, %d message(s), stream=%s, store=%s",
+            "completion queued: model %s, %d message(s), stream=%s, store=%s, user=%r",
             reply.model_name,
             len(chat.messages),
             chat.stream,
             chat.store,
+            chat.user,
         )
     # As OpenAI's ``model``: the model that answered, which may differ from the one asked for (here: the
     # tier's degrade_to_model when its own model was too busy).
@@ -233,6 +238,12 @@ async def model_detail(request, model_id: str):
     finally:
         await _close_db()
     return JsonResponse(_model_object(model_id))
+
+
+@require_GET
+async def openapi_json(request):
+    """``GET /v1/openapi.json``: the OpenAPI 3.1 document of these endpoints (api/openapi_v1.py); public."""
+    return JsonResponse(openapi_document())
 
 
 async def not_found(request, rest: str = ""):

@@ -31,6 +31,7 @@ from django.utils.dateparse import parse_datetime
 
 from conversations import branches
 from conversations.models import Conversation, Message
+from database.storable_text import first_unstorable
 from documents.selectors import document_names_for_conversations
 
 FORMAT = "chatsite.conversations"
@@ -137,11 +138,16 @@ def _load(data: bytes) -> object:
             f"The file is {len(data) // 1024} KiB; imports are limited to {settings.IMPORT_MAX_BYTES // 1024} KiB."
         )
     try:
-        return json.loads(data.decode("utf-8-sig"))
+        doc = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
         raise ImportRejected("The file is not UTF-8 text.") from exc
     except json.JSONDecodeError as exc:
         raise ImportRejected(f"The file is not valid JSON (line {exc.lineno}, column {exc.colno}).") from exc
+    unstorable = first_unstorable(doc)
+    if unstorable is not None:  # PostgreSQL text cannot hold it; refuse the file before storing any of it
+        where, problem = unstorable
+        raise ImportRejected(f"{where} {problem}, which cannot be stored; nothing was imported.")
+    return doc
 
 
 def _parse_chatsite(doc: dict) -> list[_Parsed]:

@@ -28,6 +28,8 @@ def completion_request(
     messages: list[dict[str, str]],
     sampling: dict[str, Any],
     store: bool = False,
+    api_user: str = "",
+    api_metadata: dict[str, str] | None = None,
     on_queued: Callable[[Message], None] | None = None,
 ) -> Message:
     """Store ``messages`` (``{"role": "system"|"user"|"assistant", "content": str}``; system texts are joined
@@ -36,6 +38,7 @@ def completion_request(
     it like a chat message (``admission.route``: the tier's own model may be moved to its
     ``degrade_to_model`` under load), and the reply's ``model_name`` is the model that will answer. ``on_queued(reply)`` runs inside the
     transaction, before the dispatch, so a caller can subscribe to the reply's stream without missing a frame.
+    ``api_user`` and ``api_metadata`` (the request's ``user`` and ``metadata``) are stored on the reply.
 
     The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
     stored), ``moderation.ContentBlocked`` when the input chain blocks the request's user turns (checked
@@ -85,7 +88,9 @@ def completion_request(
             model_name=admission.model_name,
         )
         reply.sampling = sampling or None
-        reply.save(update_fields=["sampling"])
+        reply.api_user = api_user
+        reply.api_metadata = api_metadata or None
+        reply.save(update_fields=["sampling", "api_user", "api_metadata"])
         admission.attach(reply)
         moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
         conversation_touch(conversation=conversation)

@@ -31,6 +31,17 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
     return Message.objects.select_related("conversation__owner__tier").get(pk=message_id)
 
 
+def generation_requeue(*, message: Message) -> bool:
+    """Give a claimed reply that produced no text back to the queue (``streaming -> queued``), for a worker
+    whose engine died before its first token: the broker redelivers its task to a live worker, which claims it
+    again. Returns whether it was still ``streaming``."""
+    return bool(
+        Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
+            status=Message.Status.QUEUED, updated_at=timezone.now()
+        )
+    )
+
+
 def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
     """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
     are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,

@@ -184,16 +184,9 @@ def reply_request(
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
     try:
         with tracing.span("db.transaction"), transaction.atomic():
-            if conversation_id is None:
-                system_prompt = user.default_system_prompt
-            else:
-                conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-                system_prompt = conversation.system_prompt
-            content = _validate_content(user=user, content=content, system_prompt=system_prompt)
-            if conversation_id is None:
-                conversation = conversation_create(
-                    owner=user, title=title_from_content(content), client_id=client_id
-                )
+            conversation, content = _conversation_for_send(
+                user=user, conversation_id=conversation_id, content=content, client_id=client_id
+            )
             admission = reply_admit(
                 user=user,
                 prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
@@ -212,20 +205,29 @@ def reply_request(
     return _ticket(assistant, user_message_id=user_message.id, admission=admission)
 
 
+def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id):
+    """``(conversation, content)`` for a message being sent, inside the caller's transaction: the user's
+    conversation (the access function; raises as it does), or a new one titled from ``content`` when
+    ``conversation_id`` is None, created only once ``content`` passed ``_validate_content`` (which raises
+    for a message too long for the plan)."""
+    if conversation_id is None:
+        conversation, system_prompt = None, user.default_system_prompt
+    else:
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        system_prompt = conversation.system_prompt
+    content = _validate_content(user=user, content=content, system_prompt=system_prompt)
+    if conversation is None:
+        conversation = conversation_create(owner=user, title=title_from_content(content), client_id=client_id)
+    return conversation, content
+
+
 def _store_blocked(*, user, verdict, conversation_id: int | None, content: str, client_id) -> Exception:
     """Store a message the input chain blocked (a new conversation when ``conversation_id`` is None) and
     return the ``ContentBlocked`` to raise; a too long message is refused as any other."""
     with transaction.atomic():
-        if conversation_id is None:
-            system_prompt = user.default_system_prompt
-        else:
-            conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
-            system_prompt = conversation.system_prompt
-        content = _validate_content(user=user, content=content, system_prompt=system_prompt)
-        if conversation_id is None:
-            conversation = conversation_create(
-                owner=user, title=title_from_content(content), client_id=client_id
-            )
+        conversation, content = _conversation_for_send(
+            user=user, conversation_id=conversation_id, content=content, client_id=client_id
+        )
         return moderation.blocked_input_store(
             verdict=verdict, user=user, conversation=conversation, content=content, client_id=client_id
         )

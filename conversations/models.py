@@ -104,6 +104,10 @@ class Message(models.Model):
     # Per-request sampling from the API (``temperature``, ``top_p``, ``stop``, ``seed``, ``max_tokens``,
     # ``presence_penalty``, ``frequency_penalty``); None = the chat defaults from settings.
     sampling = models.JSONField(null=True, blank=True)
+    # An API completion's ``user`` (the client's identifier for its end user) and ``metadata`` (up to 16
+    # string pairs), stored with the reply as OpenAI stores them with a completion; "" / None otherwise.
+    api_user = models.CharField(max_length=256, blank=True, default="")
+    api_metadata = models.JSONField(null=True, blank=True)
     # A user message's idempotency key: the UUID the page chose for its ``send`` frame. A resend with the
     # same key answers with the stored ticket instead of storing a second message and reply.
     client_id = models.UUIDField(null=True, blank=True)

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 #: Largest text frame the consumer parses, in UTF-8 bytes (64 KiB: a 16,000-character message needs at most
 #: ~64 KB of JSON). Larger frames get ``invalid_request``; daphne itself drops frames over its own
@@ -186,3 +186,17 @@ class FrameBucket:
             self.tokens -= 1
             return 0.0
         return (1 - self.tokens) / self.rate
+
+
+def parse_text_frame(text: str) -> AnyClientFrame:
+    """One WebSocket text frame to a validated client frame: :func:`decode_text_frame` then
+    :func:`parse_client_frame`. Every refusal is a :class:`FrameRejected` (code ``invalid_request``) whose
+    message names the offending field; no other exception leaves this function for any input (a fuzz target
+    in tests/unit/test_protocol_fuzz.py holds it to that)."""
+    data = decode_text_frame(text)
+    try:
+        return parse_client_frame(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "frame"
+        raise FrameRejected("invalid_request", f"Invalid frame: {where}: {error['msg']}") from None

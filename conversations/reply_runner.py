@@ -20,6 +20,7 @@ from conversations.context import ContextTooLong, assemble_context
 from conversations.generation_worker import (
     generation_finish,
     generation_history,
+    generation_requeue,
     generation_set_context,
     generation_start,
 )
@@ -35,6 +36,7 @@ from documents.retrieval import (
     with_documents,
 )
 from events import broadcast
+from inference.backends import EngineDead
 from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
 from inference.worker import WorkerHost, get_host
 from memory.query import question_vector
@@ -108,6 +110,8 @@ def _run(host: WorkerHost, message: Message) -> str:
     with log_context(user_id=message.conversation.owner_id), host.track(message.id) as request_id:
         try:
             return _generate(host, message, request_id)
+        except EngineDead as exc:
+            return _engine_died(message, exc)
         except (ContextTooLong, EngineError) as exc:
             return finish(message=message, status=Message.Status.FAILED, text="", error=str(exc))
         except DB_OUTAGE_ERRORS:
@@ -126,6 +130,25 @@ def _run(host: WorkerHost, message: Message) -> str:
                 text=_streamed_text(message.id),
                 error="Internal error while generating.",
             )
+
+
+def _engine_died(message: Message, exc: EngineDead) -> str:
+    """The engine died under this reply: keep what it wrote (``interrupted``, usage recorded), or, when it
+    wrote nothing, put it back to ``queued`` and re-raise so the task hands its message back to the broker."""
+    text = exc.text or _streamed_text(message.id)
+    if not text:
+        with_db_retry(
+            lambda: generation_requeue(message=message), window_s=settings.GENERATION_FINISH_RETRY_S
+        )
+        raise exc
+    return finish(
+        message=message,
+        status=Message.Status.INTERRUPTED,
+        text=text,
+        prompt_tokens=message.prompt_tokens or 0,
+        completion_tokens=exc.completion_tokens,
+        error="The model server stopped while generating this reply. Retry to generate it again.",
+    )
 
 
 def _streamed_text(message_id: int) -> str:

@@ -24,11 +24,19 @@ from django.db import InterfaceError, OperationalError
 def generate_reply(self, message_id: int) -> str:
     """Generate one queued assistant reply (``message_id``: a ``conversations.Message`` pk). The web
     request's ``request_id`` header goes into this task's log context."""
+    from celery.exceptions import Reject
+
     from conversations.reply_runner import run_generation
+    from inference.backends import EngineDead
     from observability.logs import log_context
 
     with log_context(request_id=getattr(self.request, "request_id", None) or None):
-        return run_generation(message_id=int(message_id))
+        try:
+            return run_generation(message_id=int(message_id))
+        except EngineDead as exc:
+            # This worker's engine is gone and the reply is (still or again) queued: the message goes back to
+            # the broker for a live worker, never acknowledged as done.
+            raise Reject(str(exc), requeue=True) from exc
 
 
 @worker_init.connect

@@ -69,6 +69,8 @@ class WorkerStatus:
         active_replies: Replies this process owns (tasks claimed, waiting or running in the engine).
         metrics_port: Port of this process's Prometheus endpoint (0: none).
         node: Celery node name (``name@host``), the handle of ``manage.py drain``.
+        backend: The serving backend, ``native`` or ``vllm`` (docs/serving-backends.md).
+        health: ``ok``, or why the engine serves nothing (``engine core died``, ``model failed to load: ...``).
     """
 
     worker_id: str
@@ -92,6 +94,8 @@ class WorkerStatus:
     active_replies: int = 0
     metrics_port: int = 0
     node: str = ""
+    backend: str = "native"
+    health: str = "ok"
 
     @property
     def kv_cache_usage(self) -> float:

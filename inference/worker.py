@@ -1,8 +1,8 @@
 """The worker host: one per Celery worker process, holding one continuously batched engine.
 
 Celery runs the worker with ``--pool threads``: every task thread submits its request to this process's
-single :class:`~inference.engine.LLMEngine`, whose loop thread batches them together. Beside the engine the
-host runs three small daemon threads:
+single engine, a :class:`~inference.backends.base.ServingEngine` (the native engine's loop thread, or vLLM's
+engine core process), which batches them together. Beside the engine the host runs small daemon threads:
 
 * a **cancel listener** (Redis pub/sub on ``broadcast.CANCEL_CHANNEL``) that cancels a local request the
   moment a user presses Stop, so its slot and KV cache are freed at the next engine step;
@@ -13,12 +13,18 @@ host runs three small daemon threads:
   ``inference`` never imports ``conversations``;
 * a **load publisher** that writes this worker's engine load to Redis once a second (``inference.fleet``),
   and again within a fraction of a second once a restarted Redis is back.
+
+When the engine dies (vLLM's engine core process exits) the host stops announcing its model (``ready``
+false, ``health`` says why), lets the replies it owns end (``interrupted`` with their text, or back to
+``queued`` when nothing was generated), then asks Celery for a warm shutdown: unacknowledged tasks go back
+to the broker, and the process supervisor starts a fresh worker.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -30,8 +36,8 @@ from django.db import close_old_connections
 
 from events import broadcast
 from inference import fleet
-from inference.engine import LLMEngine
-from inference.registry import engine_config, model_spec, model_version
+from inference.backends import EngineDead, ServingEngine
+from inference.registry import model_version
 from observability import tracing
 
 logger = logging.getLogger(__name__)
@@ -39,13 +45,16 @@ logger = logging.getLogger(__name__)
 LEASE_TTL_S = broadcast.LEASE_TTL_S
 LEASE_REFRESH_S = 2.0
 REAPER_INTERVAL_S = 2.0
+#: Seconds a worker whose engine died waits for its replies to be written before it shuts down.
+DEATH_GRACE_S = 10.0
 
 
 class WorkerHost:
     """Owns the engine and the replies this process is generating (``active``: message id -> request id)."""
 
-    def __init__(self, engine: LLMEngine, *, model_name: str = "", model_version: str = "", queues=()):
+    def __init__(self, engine: ServingEngine, *, model_name: str = "", model_version: str = "", queues=()):
         self.engine = engine
+        self.backend = getattr(engine, "backend", "native")
         self.hostname = socket.gethostname()
         self.worker_id = fleet.worker_id()
         self.model_name = model_name
@@ -64,6 +73,8 @@ class WorkerHost:
 
     def start(self) -> WorkerHost:
         self.engine.start()
+        if hasattr(self.engine, "on_death"):
+            self.engine.on_death(self._engine_died)
         for target, name in (
             (self._cancel_loop, "cancel-listener"),
             (self._heartbeat_loop, "lease-heartbeat"),
@@ -79,7 +90,10 @@ class WorkerHost:
             fleet.unpublish(self.worker_id, client=self._redis)
         except Exception:
             logger.warning("could not remove this worker's fleet status")
-        self.engine.shutdown(timeout=5)
+        try:
+            self.engine.shutdown(timeout=5)
+        except Exception:  # a dead engine may fail to stop cleanly; the process is leaving anyway
+            logger.warning("engine shutdown failed", exc_info=True)
 
     def status(self) -> fleet.WorkerStatus:
         """This worker's current :class:`~inference.fleet.WorkerStatus` (engine load + identity).
@@ -87,6 +101,7 @@ class WorkerHost:
         ``decode_tokens_per_s`` is the rate of the engine's ``decode_tokens_total`` counter over the last
         ~5 s, and the pending-token figures come from the engine's load, where the engine reports them."""
         load = self.engine.load()
+        health = self.health()
         now = time.monotonic()
         total = load.decode_tokens_total
         self._decode_samples.append((now, total))
@@ -103,7 +118,7 @@ class WorkerHost:
             model_version=self.model_version,
             queues=self.queues,
             started_at=self.started_at,
-            ready=not self._stop.is_set(),
+            ready=not self._stop.is_set() and health == "ok",
             draining=self.draining,
             waiting=load.waiting,
             running=load.running,
@@ -116,7 +131,31 @@ class WorkerHost:
             active_replies=active,
             metrics_port=self.metrics_port,
             node=self.node,
+            backend=self.backend,
+            health=health,
         )
+
+    def health(self) -> str:
+        """``"ok"`` or why this worker's engine serves nothing (:meth:`ServingEngine.health`)."""
+        check = getattr(self.engine, "health", None)
+        return check() if check is not None else "ok"
+
+    def _engine_died(self, reason: str) -> None:
+        """The engine's death listener: leave the fleet's ready set at once, give the replies this process owns
+        up to ``DEATH_GRACE_S`` seconds to be written (their streams raise ``EngineDead``), then a warm shutdown
+        (SIGTERM to this process: Celery stops consuming and returns unacknowledged tasks to the broker)."""
+        logger.error("engine died (%s): leaving the fleet and shutting down", reason)
+        try:
+            fleet.publish(self.status(), client=self._redis)
+        except Exception:
+            logger.warning("could not publish this worker's failed status")
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._active:
+                    break
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @contextmanager
     def track(self, message_id: int):
@@ -219,18 +258,53 @@ def current_host() -> WorkerHost | None:
 
 
 def get_host(*, queues: list[str] | None = None) -> WorkerHost:
-    """This process's :class:`WorkerHost`, loading the default model on first use (seconds). ``queues``:
-    the broker queues this worker consumes, published with its fleet status."""
-    global _host
+    """This process's :class:`WorkerHost`, loading the default model on its backend on first use (seconds;
+    minutes for vLLM). ``queues``: the broker queues this worker consumes, published with its fleet status.
+
+    Raises:
+        EngineDead: the model failed to load (this and every later call; the worker must be restarted).
+    """
+    global _host, _load_failure
     with _host_lock:
+        if _load_failure:
+            raise EngineDead(_load_failure)
         if _host is None:
+            from inference.backends.build import backend_for, engine_build
+
             started = time.monotonic()
             name = settings.INFERENCE_DEFAULT_MODEL  # announced as served, an alias included
-            engine = LLMEngine.from_spec(model_spec(name), engine_config(), settings.MODEL_CACHE_DIR)
+            try:
+                engine = engine_build(name)
+            except Exception as exc:
+                _load_failure = f"model failed to load: {exc}"
+                _publish_failure(name, backend_for(name), queues or [], _load_failure)
+                raise EngineDead(_load_failure) from exc
             _host = WorkerHost(
                 engine, model_name=name, model_version=model_version(name), queues=queues or []
             ).start()
-            logger.info("engine ready in %.1f s", time.monotonic() - started)
+            logger.info("engine ready in %.1f s (backend %s)", time.monotonic() - started, _host.backend)
             # For `make run`: the last start-up line a newcomer needs.
             logger.info("chatsite is ready: open %s in your browser", settings.SITE_URL)
         return _host
+
+
+_load_failure = ""
+
+
+def _publish_failure(model: str, backend: str, queues: list[str], reason: str) -> None:
+    """Show a worker whose model failed to load in the fleet (not ready, ``health`` = why) until it exits."""
+    try:
+        fleet.publish(
+            fleet.WorkerStatus(
+                worker_id=fleet.worker_id(),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                model=model,
+                queues=queues,
+                started_at=time.time(),
+                backend=backend,
+                health=reason,
+            )
+        )
+    except Exception:
+        logger.warning("could not publish this worker's failed status")

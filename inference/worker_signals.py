@@ -10,13 +10,26 @@ from inference import workerops  # registers the chatsite_mark_draining remote-c
 @worker_ready.connect
 def load_engine_at_start(sender=None, **kwargs):
     """Load the model when the worker starts, not on the first user's request."""
+    import logging
+    import os
+    import signal
+
+    from inference.backends import EngineDead
     from inference.worker import get_host
 
     try:
         queues = [q.name for q in sender.task_consumer.queues]
     except AttributeError:
         queues = []
-    workerops.on_worker_ready(sender, get_host(queues=queues))
+    try:
+        host = get_host(queues=queues)
+    except EngineDead:
+        # The fleet shows why (health); a warm shutdown hands every reserved task back to the broker, and the
+        # process supervisor decides whether to try again.
+        logging.getLogger(__name__).exception("the model failed to load; shutting down")
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    workerops.on_worker_ready(sender, host)
 
 
 worker_shutting_down.connect(workerops.on_worker_shutting_down)

@@ -366,8 +366,9 @@ def register_engine(host, *, registry=REGISTRY) -> None:
         host.engine.add_step_listener(StepMetrics(model=host.model_name))
 
 
-def start_worker_endpoint(port: int, addr: str = "0.0.0.0") -> int:
-    """Serve this process's registry over HTTP on ``port`` (``0``: a free port). Returns the bound port."""
+def start_worker_endpoint(port: int, addr: str = "127.0.0.1") -> int:
+    """Serve this process's registry over HTTP on ``addr``:``port`` (``0``: a free port; loopback unless
+    told otherwise, since the endpoint has no authentication). Returns the bound port."""
     server, _thread = start_http_server(port, addr=addr)
     bound = server.server_address[1]
     logger.info("metrics endpoint on %s:%d", addr, bound)

@@ -61,6 +61,24 @@ CHECKS: dict[str, Callable[[], str | None]] = {
 }
 
 
+def workers_summary() -> list[dict]:
+    """Each live worker's identity, backend and health for ``/readyz`` (``[]`` when the fleet is unreadable)."""
+    try:
+        workers = fleet.live_workers()
+    except Exception:
+        return []
+    return [
+        {
+            "worker": w.worker_id,
+            "model": w.model,
+            "backend": w.backend,
+            "ready": w.ready and not w.draining,
+            "health": w.health,
+        }
+        for w in workers
+    ]
+
+
 def readiness() -> dict[str, str]:
     """``{check name: "ok" | reason}`` for every check, in order."""
     return {name: (check() or "ok") for name, check in CHECKS.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -19,6 +20,8 @@ from inference import fleet
 from observability import metrics  # noqa: F401  (registers the web metrics)
 from operations import health, selectors
 
+logger = logging.getLogger(__name__)
+
 
 @never_cache
 @require_GET
@@ -31,13 +34,25 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     """Readiness: 200 when PostgreSQL, Redis, the broker and at least one ready (not draining) worker are
-    fine; otherwise 503 with ``failing`` naming each failing check and ``checks`` giving every result."""
+    fine; otherwise 503 with ``failing`` naming each failing check and ``checks`` giving every result.
+    ``workers`` lists each live worker's model, backend (``native``/``vllm``), readiness and health."""
     checks = health.readiness()
     failing = [name for name, result in checks.items() if result != "ok"]
-    body = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
+    body = {
+        "status": "fail" if failing else "ok",
+        "failing": failing,
+        "checks": checks,
+        "workers": health.workers_summary(),
+    }
     # Memory's vector store: shown, never failing readiness (replies go on without recall).
     body["vector_store"] = health.vector_store()
-    return JsonResponse(body, status=503 if failing else 200)
+    response = JsonResponse(body, status=503 if failing else 200)
+    if failing:
+        # "Not ready (yet)" is the probe's answer, e.g. while the first worker loads its model, not a server
+        # error: logged at INFO here instead of django.request's ERROR line for every 5xx.
+        logger.info("not ready: %s", ", ".join(f"{name} ({checks[name]})" for name in failing))
+        response._has_been_logged = True
+    return response
 
 
 def metrics_allowed(request: HttpRequest) -> bool:

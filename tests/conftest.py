@@ -17,9 +17,12 @@ from tests.live_stack import (  # noqa: F401
     worker_factory,
 )
 
-# The multi-host bed's drills need root and network namespaces and take minutes: only `make test-cluster`
-# (scripts/test-cluster.sh) collects them.
-collect_ignore = [] if os.environ.get("CHATSITE_BED_TESTS") == "1" else ["cluster"]
+# Collected only by their own commands: the vLLM layer runs from its own virtualenv (scripts/test_vllm.sh
+# sets CHATSITE_TEST_VLLM=1); the multi-host bed's drills need root and network namespaces and take minutes
+# (`make test-cluster`, scripts/test-cluster.sh, sets CHATSITE_BED_TESTS=1).
+collect_ignore = [] if os.environ.get("CHATSITE_TEST_VLLM") == "1" else ["vllm"]
+if os.environ.get("CHATSITE_BED_TESTS") != "1":
+    collect_ignore.append("cluster")
 
 
 @pytest.fixture(scope="session")

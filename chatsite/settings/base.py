@@ -4,7 +4,6 @@ Each variable is documented in ``.env.example``. Parsing is strict: a malformed 
 ``ImproperlyConfigured`` at start-up instead of silently falling back to a default.
 """
 
-from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -46,6 +45,7 @@ INSTALLED_APPS = [
     "operations",  # /healthz /readyz /metrics, the staff fleet page (reads across apps: top layer)
     "devtools",  # benchmarks, load and overload runs, drills: management commands only
     "safety",  # input and output moderation, /v1/moderations, the review queue (issue 26)
+    "ninja",  # its templates and static files: /api/docs served from this site (CSP), not a CDN
     "axes",  # log-in throttling (issue 7)
 ]
 
@@ -54,6 +54,9 @@ MIDDLEWARE = [
     "api.middleware.request_id_middleware",
     "django.middleware.security.SecurityMiddleware",
     "chatsite.static_files.AsyncWhiteNoiseMiddleware",  # WhiteNoise, async-capable: the chain stays async
+    "chatsite.content_security.AsyncCSPMiddleware",  # Content-Security-Policy on every page (issue 33)
+    "chatsite.input_guard.input_guard_middleware",  # 400 for text PostgreSQL cannot store (issue 33)
+    "chatsite.outage_pages.DatabaseOutageMiddleware",  # 503 + Retry-After while PostgreSQL is down (issue 33)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -159,11 +162,11 @@ INFERENCE_MODELS = {
         "context_length": env.int("SMOLLM2_CONTEXT_LENGTH", default=8192),
         "version": env("SMOLLM2_VERSION", default=""),
     },
-}
-# Aliases: more names for registered weights, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct"
-# (an OpenAI client's default model name, or a tier's own name for a model). Each alias is a model of its
-# own to routing, admission and billing (its own queue; a worker started with INFERENCE_DEFAULT_MODEL=<alias>
-# serves and announces it) while loading the target's prepared weights.
+} | env.json("INFERENCE_EXTRA_MODELS", default={})  # more entries (JSON): docs/serving-backends.md
+INFERENCE_BACKEND = env("INFERENCE_BACKEND", default="auto")  # auto (CUDA: vllm, CPU: native), native, vllm
+INFERENCE_VLLM_ARGS = env.json("INFERENCE_VLLM_ARGS", default={})  # vLLM engine arguments over the entry's
+# Aliases, e.g. INFERENCE_MODEL_ALIASES="gpt-4o-mini=smollm2-135m-instruct": each a model of its own to routing,
+# admission, billing and its queue (served by a worker with INFERENCE_DEFAULT_MODEL=<alias>), same weights.
 INFERENCE_MODEL_ALIASES = env.dict("INFERENCE_MODEL_ALIASES", default={})
 for _alias, _target in INFERENCE_MODEL_ALIASES.items():
     if _target not in INFERENCE_MODELS:
@@ -262,7 +265,8 @@ INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
 # Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
 _metrics_port = env("METRICS_WORKER_PORT", default="9101")
 METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
-METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="0.0.0.0")
+# Loopback unless configured: the endpoint has no authentication (0.0.0.0 for a Prometheus elsewhere).
+METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="127.0.0.1")
 # Web /metrics: allowed with this bearer token, or from these networks (CIDR).
 METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")
 METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.1/32", "::1/128"])
@@ -293,24 +297,11 @@ WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
 QUEUED_REDISPATCH_S = env.float("QUEUED_REDISPATCH_S", default=20.0)
 # How long a worker keeps retrying a reply's final write while PostgreSQL is unreachable (seconds).
 GENERATION_FINISH_RETRY_S = env.float("GENERATION_FINISH_RETRY_S", default=60.0)
-# Log-in throttling (django-axes): after AXES_FAILURE_LIMIT failed log-ins for one account, or from one
-# client address, further attempts are refused (429, templates/registration/locked_out.html) for
-# AXES_COOLOFF_MINUTES. Admins unlock in /admin/axes/ or with `manage.py axes_reset[_username|_ip]`.
-AUTHENTICATION_BACKENDS = [
-    "accounts.backends.LoginThrottleBackend",
-    "django.contrib.auth.backends.ModelBackend",
-]
-AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
-AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
-AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
-AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_USERNAME_FORM_FIELD = "username"
-# The client address is REMOTE_ADDR; behind a reverse proxy, set AXES_CLIENT_IP_CALLABLE to read its header.
 
+# --- Security (issues 7, 33): Content-Security-Policy, log-in throttling; in security.py beside this file.
 # --- Safety (issue 26): the guard chain around every reply; its settings live in safety.py beside this file.
 from .safety import *  # noqa: E402,F401,F403
+from .security import *  # noqa: E402,F401,F403
 
 # --- Memory across conversations (issue 27, docs/memory.md) ---
 # Off: nothing is indexed or recalled for anyone (the per-account and per-conversation switches still apply).

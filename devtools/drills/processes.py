@@ -43,15 +43,23 @@ class DrillWorker:
     """``celery worker --pool threads`` subprocess on this process's settings and database."""
 
     def __init__(
-        self, name: str, log_dir: Path, *, queues: list[str], extra_env: dict[str, str] | None = None
+        self,
+        name: str,
+        log_dir: Path,
+        *,
+        queues: list[str],
+        extra_env: dict[str, str] | None = None,
+        python: str | None = None,
     ):
+        """``python``: the interpreter to run Celery with (default this one; ``.venv-vllm/bin/python`` for a
+        worker with the vLLM backend)."""
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         env = child_env(**(extra_env or {}))
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                python or sys.executable,
                 "-m",
                 "celery",
                 "-A",

@@ -38,14 +38,25 @@ def chromium():
         os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
+def is_csp_violation(text: str) -> bool:
+    """Whether a console message is Chromium's report of a Content-Security-Policy violation."""
+    return "Content Security Policy" in text
+
+
 @pytest.fixture
 def open_page(chromium, live_server_url, redis_clean):
     """``open_page(user=None, viewport=None, color_scheme=None)`` -> a Playwright page in a new context,
-    logged in as ``user`` when given."""
+    logged in as ``user`` when given. Every browser test fails when any of its pages reports a
+    Content-Security-Policy violation in the console (the policy: chatsite/content_security.py)."""
     from django.conf import settings
     from django.test import Client
 
     contexts = []
+    violations: list[str] = []
+
+    def watch(message) -> None:
+        if is_csp_violation(message.text):
+            violations.append(f"{message.page.url if message.page else '?'}: {message.text}")
 
     def make(user=None, *, viewport=None, color_scheme="light"):
         context = chromium.new_context(
@@ -67,11 +78,14 @@ def open_page(chromium, live_server_url, redis_clean):
                     }
                 ]
             )
-        return context.new_page()
+        page = context.new_page()
+        page.on("console", watch)
+        return page
 
     yield make
     for context in contexts:
         context.close()
+    assert violations == [], "Content-Security-Policy violations:\n" + "\n".join(violations)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +98,9 @@ def shots_dir(tmp_path_factory):
 
 def axe_violations(page, *, impacts=("serious", "critical")) -> list[dict]:
     """Run axe-core in the page; the violations of the given impacts (id, impact, help, first targets)."""
-    page.add_script_tag(content=AXE_JS.read_text())
+    # Evaluated through the DevTools protocol, which the page's Content-Security-Policy does not govern (an
+    # inline <script> tag would be refused by it, as it should be).
+    page.evaluate(AXE_JS.read_text())
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [
         {

@@ -86,7 +86,17 @@ def error_of(response):
         ),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
         ({"messages": [{"role": "system", "content": "only a system prompt"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "messages"),
         ({"model": ""}, "model"),
+        ({"max_tokens": 513}, "max_tokens"),  # above the free plan's reply limit (512)
+        ({"max_completion_tokens": 100_000}, "max_completion_tokens"),
+        ({"user": 5}, "user"),
+        ({"user": "u" * 257}, "user"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"metadata": {"k": 1}}, "metadata.k"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k"),
     ],
 )
 def test_unsupported_or_bad_parameter_is_400_naming_it_and_stores_nothing(client, key, extra, param):

@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.contrib.auth.hashers import make_password
 from django.test import Client
 
 from conversations import generation_worker, generations
@@ -198,6 +199,16 @@ async def test_password_change_ends_other_sessions_and_their_frames_are_refused(
     alice.set_password("a-new-Secret-456")
     await database_sync_to_async(alice.save)()
     await expect_closed(ws, "password_changed")
+
+    # A socket that never got that push (lost in a Redis restart, say) is refused at its next frame: the
+    # password hash its session was signed with no longer matches, so nothing is stored.
+    _, cookie = await sync_to_async(cookie_for)(alice)
+    ws = await open_socket(cookie)
+    changed = make_password("a-third-Secret-789")
+    await database_sync_to_async(type(alice).objects.filter(pk=alice.pk).update)(password=changed)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "after the password changed"})
+    await expect_closed(ws, "expired")
+    assert await database_sync_to_async(Message.objects.count)() == 0
 
 
 async def test_frame_on_a_socket_whose_session_was_flushed_is_refused(alice, redis_clean):

@@ -2,6 +2,7 @@
 fleet/drain/rollout commands' steps, with the real database and Redis."""
 
 import io
+import logging
 import time
 
 import pytest
@@ -64,6 +65,17 @@ def test_readyz_names_the_missing_worker_then_is_ready(client, redis_clean, monk
     publish_worker(redis_clean)
     response = client.get("/readyz")
     assert response.status_code == 200 and response.json()["failing"] == []
+
+
+@pytest.mark.real_fleet
+def test_readyz_not_ready_is_logged_at_info_not_as_an_error(client, redis_clean, monkeypatch, caplog):
+    monkeypatch.setitem(health.CHECKS, "broker", lambda: None)
+    with caplog.at_level(logging.DEBUG):
+        assert client.get("/readyz").status_code == 503
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "operations.views"] == [
+        ("INFO", "not ready: workers (no worker with a ready engine)")
+    ]
 
 
 def test_readyz_names_an_unreachable_broker(client, redis_clean, monkeypatch):

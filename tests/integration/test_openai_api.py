@@ -218,6 +218,33 @@ def test_error_rows_with_the_official_client(api, carol, make_user):
     time.sleep(1.5)  # the next test must not meet the backlog in the web process's load cache
 
 
+def test_max_tokens_above_the_plans_reply_limit_is_a_400_naming_the_parameter(api, carol):
+    limit = carol.tier.max_reply_tokens
+    for name in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            api.chat.completions.create(model=MODEL, messages=PROMPT, **{name: limit + 1})
+        assert (exc.value.status_code, exc.value.param, exc.value.code) == (400, name, "invalid_value")
+        assert f"at most {limit} completion tokens" in exc.value.message
+    assert not Message.objects.filter(conversation__owner=carol).exists()
+
+
+def test_user_and_metadata_are_stored_with_the_completion(api, carol):
+    api.chat.completions.create(
+        model=MODEL,
+        messages=PROMPT,
+        max_tokens=1,
+        store=True,
+        user="end-user-42",
+        metadata={"ticket": "T-7", "team": "support"},
+    )
+    reply = Message.objects.get(conversation__owner=carol, role="assistant")
+    assert reply.api_user == "end-user-42"
+    assert reply.api_metadata == {"ticket": "T-7", "team": "support"}
+    with pytest.raises(openai.BadRequestError) as exc:
+        api.chat.completions.create(model=MODEL, messages=PROMPT, metadata={f"k{i}": "v" for i in range(17)})
+    assert exc.value.param == "metadata"
+
+
 def engine_idle():
     return all(w.running == 0 and w.waiting == 0 for w in fleet.live_workers())
 

@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
@@ -53,11 +54,18 @@ class Command(BaseCommand):
         parser.add_argument("--max-tokens", type=int, default=64, help="reply limit of the loadtest tier")
         parser.add_argument("--timeout", type=float, default=600.0, help="seconds per reply")
         parser.add_argument("--json", dest="json_path", help="also write the raw figures here")
+        parser.add_argument(
+            "--model", default="", help="registered model the loadtest tier uses (default: the paid tier's)"
+        )
 
-    def handle(self, *args, clients, messages, max_tokens, url, origin, timeout, json_path, **options):
+    def handle(
+        self, *args, clients, messages, max_tokens, url, origin, timeout, json_path, model="", **options
+    ):
         if clients < 1 or messages < 1 or max_tokens < 1:
             raise CommandError("--clients, --messages and --max-tokens must be >= 1")
-        cookies = self.prepare_users(clients, max_tokens)
+        if model and model not in settings.INFERENCE_MODELS:
+            raise CommandError(f"--model {model!r} is not a registered model")
+        cookies = self.prepare_users(clients, max_tokens, model)
         started = time.monotonic()
         results = asyncio.run(self.run_clients(cookies, messages, url, origin, timeout))
         wall = time.monotonic() - started
@@ -67,13 +75,13 @@ class Command(BaseCommand):
             with open(json_path, "w") as fh:
                 json.dump({"summary": summary, "replies": results}, fh, indent=2)
 
-    def prepare_users(self, clients: int, max_tokens: int) -> list[str]:
+    def prepare_users(self, clients: int, max_tokens: int, model: str = "") -> list[str]:
         paid = Tier.objects.get(name="paid")
         tier, _ = Tier.objects.update_or_create(
             name="loadtest",
             defaults=dict(
                 display_name="Load test",
-                model_name=paid.model_name,
+                model_name=model or paid.model_name,
                 requests_per_minute=10_000,
                 tokens_per_day=100_000_000,
                 max_reply_tokens=max_tokens,

@@ -8,7 +8,7 @@ from operations import health, selectors
 
 
 class Command(BaseCommand):
-    help = "Show live workers (host, model, engine load, tokens/s, uptime), queued replies per tier and active replies."
+    help = "Show live workers (host, model, backend, health, engine load, tokens/s, uptime), queued replies per tier and active replies."
 
     def handle(self, *args, **options):
         self.stdout.write(self.workers_table(fleet.live_workers()))
@@ -27,17 +27,19 @@ class Command(BaseCommand):
         if not workers:
             return "no live worker"
         header = (
-            f"{'worker':<28} {'node':<24} {'model':<32} {'state':<9} {'run':>5} {'wait':>5} "
-            f"{'kv%':>5} {'tok/s':>7} {'uptime':>8} metrics"
+            f"{'worker':<28} {'node':<24} {'model':<32} {'backend':<7} {'state':<9} {'run':>5} {'wait':>5} "
+            f"{'kv%':>5} {'tok/s':>7} {'uptime':>8} metrics  health"
         )
         lines = [header]
         for w in workers:
             state = "draining" if w.draining else ("ready" if w.ready else "loading")
+            if w.health != "ok":
+                state = "failed"
             model = f"{w.model}@{w.model_version}" if w.model_version else w.model
             lines.append(
-                f"{w.worker_id:<28} {w.node or '-':<24} {model:<32} {state:<9} {w.running:>5} {w.waiting:>5} "
-                f"{w.kv_cache_usage * 100:>5.1f} {w.decode_tokens_per_s:>7.1f} {w.uptime_s:>7.0f}s "
-                f"{w.metrics_port or '-'}"
+                f"{w.worker_id:<28} {w.node or '-':<24} {model:<32} {w.backend:<7} {state:<9} {w.running:>5} "
+                f"{w.waiting:>5} {w.kv_cache_usage * 100:>5.1f} {w.decode_tokens_per_s:>7.1f} {w.uptime_s:>7.0f}s "
+                f"{w.metrics_port or '-':<8} {w.health}"
             )
         return "\n".join(lines)
 

@@ -1,0 +1,41 @@
+"""The Content-Security-Policy header (django-csp), set by a middleware that stays async under ASGI.
+
+django-csp's ``CSPMiddleware`` is a ``MiddlewareMixin``: under ASGI it runs its request and response hooks
+through ``sync_to_async(thread_sensitive=True)``, i.e. two hops per request onto the one thread every sync
+view shares. Both hooks only build a string, so this subclass calls them in place (the policy itself is
+``settings.CONTENT_SECURITY_POLICY``, built by :func:`content_security_policy`; docs/security.md).
+"""
+
+from __future__ import annotations
+
+from csp.constants import NONE, SELF
+from csp.middleware import CSPMiddleware
+
+
+def content_security_policy(*, connect_src: list[str]) -> dict:
+    """django-csp's ``CONTENT_SECURITY_POLICY`` setting: scripts, styles, fonts and fetches only from this
+    origin (CSP 3's ``'self'`` covers the same-origin ``ws:``/``wss:`` chat socket) plus ``connect_src``,
+    no inline script or style, no plugins, no framing, forms and ``<base>`` only to this origin."""
+    return {
+        "DIRECTIVES": {
+            "default-src": [SELF],
+            "script-src": [SELF],
+            "style-src": [SELF],
+            "img-src": [SELF, "data:"],  # data: the admin's and the API docs' inline SVG icons
+            "font-src": [SELF],
+            "connect-src": [SELF, *connect_src],
+            "object-src": [NONE],
+            "base-uri": [SELF],
+            "form-action": [SELF],
+            "frame-ancestors": [NONE],
+        }
+    }
+
+
+class AsyncCSPMiddleware(CSPMiddleware):
+    """``csp.middleware.CSPMiddleware`` without the thread hops in async mode; the same header either way."""
+
+    async def __acall__(self, request):
+        self.process_request(request)
+        response = await self.get_response(request)
+        return self.process_response(request, response)
