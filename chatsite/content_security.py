@@ -8,14 +8,25 @@ view shares. Both hooks only build a string, so this subclass calls them in plac
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from csp.constants import NONE, SELF
 from csp.middleware import CSPMiddleware
 
 
-def content_security_policy(*, connect_src: list[str]) -> dict:
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``; ``""`` for an empty or relative one."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+
+
+def content_security_policy(*, connect_src: list[str], form_action: list[str] = ()) -> dict:
     """django-csp's ``CONTENT_SECURITY_POLICY`` setting: scripts, styles, fonts and fetches only from this
     origin (CSP 3's ``'self'`` covers the same-origin ``ws:``/``wss:`` chat socket) plus ``connect_src``,
-    no inline script or style, no plugins, no framing, forms and ``<base>`` only to this origin."""
+    no inline script or style, no plugins, no framing, ``<base>`` only to this origin, and forms only to
+    this origin plus ``form_action`` (browsers apply ``form-action`` to the redirects after a form is sent,
+    so the payment provider's checkout and the identity provider's log-in, which a form of ours redirects
+    to, must be named there)."""
     return {
         "DIRECTIVES": {
             "default-src": [SELF],
@@ -26,7 +37,7 @@ def content_security_policy(*, connect_src: list[str]) -> dict:
             "connect-src": [SELF, *connect_src],
             "object-src": [NONE],
             "base-uri": [SELF],
-            "form-action": [SELF],
+            "form-action": [SELF, *form_action],
             "frame-ancestors": [NONE],
         }
     }

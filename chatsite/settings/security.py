@@ -7,13 +7,23 @@ from datetime import timedelta
 
 import environ as _environ
 
-from chatsite.content_security import content_security_policy
+from chatsite.content_security import content_security_policy, origin_of
 
 _env = _environ.Env()
 
 # Content-Security-Policy (django-csp; the policy: chatsite/content_security.py). CSP_CONNECT_SRC adds origins
 # the page must reach besides its own (e.g. a separate WebSocket host: "wss://ws.example.com").
-CONTENT_SECURITY_POLICY = content_security_policy(connect_src=_env.list("CSP_CONNECT_SRC", default=[]))
+# Forms may also lead to Stripe's Checkout and customer portal (or the Stripe API base's own pages) and to the
+# identity provider's log-in (settings/billing_sso.py reads the same variables).
+_FORM_ACTION = [
+    origin_of(_env("STRIPE_API_BASE", default="")),
+    origin_of(_env("SSO_OIDC_ISSUER", default="")),
+]
+if _env("STRIPE_SECRET_KEY", default=""):
+    _FORM_ACTION += ["https://checkout.stripe.com", "https://billing.stripe.com"]
+CONTENT_SECURITY_POLICY = content_security_policy(
+    connect_src=_env.list("CSP_CONNECT_SRC", default=[]), form_action=[o for o in _FORM_ACTION if o]
+)
 
 # Log-in throttling (django-axes): after AXES_FAILURE_LIMIT failed log-ins for one account, or from one
 # client address, further attempts are refused (429, templates/registration/locked_out.html) for

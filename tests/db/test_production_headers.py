@@ -25,7 +25,8 @@ out = {}
 for name, response in {
     "healthz": client.get("/healthz", **https),
     "models": client.get("/v1/models", **https),
-    "plain_http": client.get("/healthz"),
+    "plain_http": client.get("/v1/models"),
+    "plain_http_probe": client.get("/healthz"),
     "login": client.post("/accounts/login/", {"username": "alice", "password": "pw-Secret-123"}, **https),
 }.items():
     out[name] = {
@@ -108,8 +109,9 @@ def test_production_headers_cookie_flags_and_https_redirect(answers):
             failures.append(f"{name}: cookie {cookie} is {flags}, expected {expected}")
     assert failures == [], "\n".join(failures)
     assert answers["login"]["status"] == 302  # the log-in happened, so its cookies are the real ones
-    # Plain HTTP is sent to HTTPS.
+    # Plain HTTP is sent to HTTPS, except the health probes a load balancer or kubelet sends inside the network.
     assert (answers["plain_http"]["status"], answers["plain_http"]["location"]) == (
         301,
-        "https://testserver/healthz",
+        "https://testserver/v1/models",
     )
+    assert (answers["plain_http_probe"]["status"], answers["plain_http_probe"]["location"]) == (200, "")
