@@ -167,6 +167,8 @@ def test_a_paid_reply_overtakes_free_replies_queued_before_it(vllm_worker, make_
     slot's holder hangs up once all three wait in the engine, and the paid reply is served first."""
     users = [make_user(f"free{i}") for i in range(3)]
     frank = make_user("frank", tier="paid")
+    # The slot's holder asks for a reply longer than the free plan's default limit (a larger max_tokens is a 400).
+    Tier.objects.filter(name="free").update(max_reply_tokens=1500)
     done_at: dict[str, float] = {}
     release = threading.Event()
 
