@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-cluster` (called by .ci/run after `make test`): the multi-host test bed's drills
+# `make test-cluster` (run by hand; not in .ci/run until its browser drill is reliable): the multi-host test bed's drills
 # (tests/cluster, docs/scale-out.md). Needs root; installs Debian's haproxy, iptables and chromium if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
