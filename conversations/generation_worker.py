@@ -12,6 +12,7 @@ from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, recall
 from conversations.models import Message
+from database.storable_text import storable_text
 from documents.selectors import citations_for_messages
 from events import broadcast
 
@@ -62,13 +63,6 @@ def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int
     message.omitted_messages = omitted
     message.prompt_tokens = prompt_tokens
     message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])
-
-
-def storable_text(text: str) -> str:
-    """Generated ``text`` as PostgreSQL can store it: a model may sample a token that decodes to NUL
-    (byte-fallback vocabularies do), which a text column refuses and which would lose the whole reply;
-    it is stored as U+FFFD, the replacement character. (User input with NUL is refused at the door.)"""
-    return text.replace("\x00", "\ufffd")
 
 
 def generation_finish(

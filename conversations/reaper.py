@@ -17,9 +17,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.quota import quota_settle
-from conversations.generation_worker import storable_text
 from conversations.models import Message
 from conversations.reply_dispatch import reply_dispatch
+from database.storable_text import storable_text
 from events import broadcast
 
 logger = logging.getLogger(__name__)

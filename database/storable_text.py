@@ -42,3 +42,10 @@ def first_unstorable(value: Any, *, root: str = "") -> tuple[str, str] | None:
         elif isinstance(item, list):
             stack.extend(reversed([(f"{path}[{i}]", child) for i, child in enumerate(item)]))
     return None
+
+
+def storable_text(text: str) -> str:
+    """Generated ``text`` as PostgreSQL can store it: a model may sample a token that decodes to NUL
+    (byte-fallback vocabularies do), which a text column refuses and which would lose the whole reply;
+    it is stored as U+FFFD, the replacement character. (User input with NUL is refused at the door.)"""
+    return text.replace("\x00", "\ufffd")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from database.storable_text import storable_text
 from safety.chain import Verdict
 from safety.models import ModerationVerdict
 from safety.strikes import strike_apply
@@ -17,7 +18,7 @@ def verdict_record(
     judged) is kept only for a flagged or blocked verdict, for staff review. Call it inside the transaction
     that stores the message, so a verdict never outlives a rolled-back message."""
     row = ModerationVerdict.objects.create(
-        text=text.replace("\x00", "\ufffd") if verdict.flagged else "",
+        text=storable_text(text) if verdict.flagged else "",
         user=user,
         message_id=message_id,
         tier=verdict.tier,
