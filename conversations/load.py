@@ -15,14 +15,17 @@ Formula, for a model ``m`` and a request of priority ``p``::
 
     ahead   = min(waiting in m's engines, max(0, streaming(m, priority >= p) - running in m's engines))
               + queued(m, priority >= p)
+    free    = running slots left in m's engines that have nothing waiting (max_num_seqs - running)
     rate    = capacity per worker x workers, where the capacity is the decode tokens/s measured while the
               engines had requests waiting (saturated), best recent reading decaying 10 % per read;
               ADMISSION_DECODE_TOKENS_PER_S until one was measured; an unsaturated fleet's own measured
               rate when higher
-    wait(m, p) = ahead * ADMISSION_MEAN_REPLY_TOKENS / rate        # 0 when nothing is ahead
+    wait(m, p) = max(0, ahead - free) * ADMISSION_MEAN_REPLY_TOKENS / rate   # 0 when the free slots take all
 
-i.e. a request starts when the ``ahead`` requests before it have started, and a continuously batched fleet
-finishes (so frees a slot for) ``rate / mean_reply_tokens`` requests per second (Little's law).
+i.e. a request starts when the ``ahead`` requests before it have started; the first ``free`` of them (and it)
+take slots that are free now, and beyond those a continuously batched fleet finishes (so frees a slot for)
+``rate / mean_reply_tokens`` requests per second (Little's law). Without ``free``, a burst of 32 sends to an
+idle engine with 32 slots read as 32 replies' worth of waiting and met the hard cap.
 Borrowed from the "estimated queue time" admission of LLM serving systems (e.g. Llumnix, OSDI '24;
 SGLang's load-aware router): one comparable number per tier, compared with that tier's threshold.
 """
@@ -137,13 +140,15 @@ def clear_pending(token: int | None) -> str | None:
 class ModelLoad:
     """The fleet's load for one model: ``workers`` live, non-draining workers; ``waiting`` / ``running``
     requests in their engines; ``decode_tokens_per_s`` their summed decode rate (tokens/s, with the
-    per-worker fallback applied)."""
+    per-worker fallback applied); ``free_slots`` running slots left (``max_num_seqs - running``) in the
+    engines with nothing waiting (an engine with waiting requests has none to give: KV budget or slots)."""
 
     model: str
     workers: int
     waiting: int
     running: int
     decode_tokens_per_s: float
+    free_slots: int = 0
 
 
 def fleet_load() -> dict[str, ModelLoad]:
@@ -171,6 +176,7 @@ def fleet_load() -> dict[str, ModelLoad]:
                 workers=len(workers),
                 waiting=waiting,
                 running=sum(w.running for w in workers),
+                free_slots=sum(max(0, w.max_num_seqs - w.running) for w in workers if w.waiting == 0),
                 # Saturated engines run at their measured rate; a partly idle fleet could run faster.
                 decode_tokens_per_s=per_worker * len(workers)
                 if waiting > 0 and measured > 0
@@ -249,7 +255,7 @@ def expected_wait_s(*, tier, model_name: str | None = None) -> float | None:
     queued, streaming = active_at_or_above(model_name=model_name, priority=tier.queue_priority)
     # Engines admit by priority too: requests of priority >= p fill the running slots first, so those of them
     # beyond the running ones are the waiting ones ahead (all waiting ones for the lowest priority).
-    ahead = min(load.waiting, max(0, streaming - load.running)) + queued
+    ahead = min(load.waiting, max(0, streaming - load.running)) + queued - load.free_slots
     if ahead <= 0:
         return 0.0
     return ahead * settings.ADMISSION_MEAN_REPLY_TOKENS / max(load.decode_tokens_per_s, 1e-6)

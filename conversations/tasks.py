@@ -48,3 +48,12 @@ def register_reaper(sender=None, **kwargs):
     from inference.worker import reaper_register
 
     reaper_register(reap_interrupted)
+
+
+@worker_init.connect
+def load_guards(sender=None, **kwargs):
+    """Before the worker starts: the output guard chain (:func:`safety.chain.guards_loaded`), so a
+    misconfigured guard stops the worker and the first reply's first sentence does not wait for the load."""
+    from safety.chain import guards_loaded
+
+    guards_loaded()

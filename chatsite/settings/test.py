@@ -49,6 +49,9 @@ CACHES = {
     }
 }
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
+# Celery reads CELERY_BROKER_URL from the environment before the settings: a stack's own broker, exported or
+# from .env, would otherwise take the tests' tasks (and a running worker of that stack would consume them).
+os.environ["CELERY_BROKER_URL"] = CELERY_BROKER_URL
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 # No connection pool in tests: each test's connection lives in its transaction, and a pool's idle connections
 # would keep the test database from being dropped at the end (tests/unit/test_db_pool.py checks the pool).

@@ -18,13 +18,13 @@ def fake_worker(model: str, *, index: int = 0, **load):
     """A :class:`~inference.fleet.WorkerStatus` of a ready worker serving ``model`` with ``load`` figures."""
     from inference import fleet
 
+    load.setdefault("max_num_seqs", 32)
     return fleet.WorkerStatus(
         worker_id=f"test-fleet-{model}:{index}",
         host="test-fleet",
         pid=index,
         model=model,
         ready=True,
-        max_num_seqs=32,
         **load,
     )
 

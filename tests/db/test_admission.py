@@ -51,8 +51,10 @@ def saturate(
     waiting: int, *, model: str = MODEL, tier: str = "free", index: int = 0, running: int = 4, **extra
 ) -> None:
     """A worker whose engine runs ``running`` requests and has ``waiting`` more waiting, all of ``tier``
-    users (stored as ``streaming`` replies, as a worker's claimed replies are)."""
+    users (stored as ``streaming`` replies, as a worker's claimed replies are). Its running slots are all
+    taken (``max_num_seqs`` = ``running`` unless given), so queued replies wait for slots to free."""
     in_engine(running + waiting, model=model, tier=tier)
+    extra.setdefault("max_num_seqs", running)
     publish_worker(fake_worker(model, index=index, waiting=waiting, running=running, **extra))
 
 
@@ -196,7 +198,8 @@ def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_s
     saturate(waiting=10, decode_tokens_per_s=50.0)  # measured while saturated: 50 tok/s, not the 100 assumed
     assert load.expected_wait_s(tier=alice.tier) == pytest.approx(10 * 100 / 50)
     Message.objects.filter(status="streaming").update(status="completed")
-    publish_worker(fake_worker(MODEL, waiting=0, running=3, decode_tokens_per_s=20.0))
+    # every slot taken (no free slot to start in), nothing waiting: the rate read now is not a capacity
+    publish_worker(fake_worker(MODEL, waiting=0, running=32, decode_tokens_per_s=20.0))
     in_engine(0)
     conversation = services.conversation_create(owner=alice)
     services.message_create(
@@ -204,6 +207,29 @@ def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_s
     )
     load.forget_reads()  # keep the learned capacity
     assert load.expected_wait_s(tier=alice.tier) == pytest.approx(1 * 100 / 50)
+
+
+def test_queued_replies_that_fit_the_free_slots_wait_for_nothing(alice, fleet_settings, redis_clean):
+    """A burst to an engine with free running slots starts at once: only the replies beyond the free slots
+    wait (a continuously batched engine takes up to ``max_num_seqs`` at once)."""
+    publish_worker(fake_worker(MODEL, waiting=0, running=2))  # 30 of its 32 slots free
+    conversation = services.conversation_create(owner=alice)
+    for _ in range(30):
+        services.message_create(
+            conversation=conversation, role="assistant", content="", status="queued", model_name=MODEL
+        )
+    load.forget_reads()
+    assert load.fleet_load()[MODEL].free_slots == 30
+    assert load.expected_wait_s(tier=alice.tier) == 0.0
+    for _ in range(8):
+        services.message_create(
+            conversation=conversation, role="assistant", content="", status="queued", model_name=MODEL
+        )
+    load.forget_reads()
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(8 * 100 / 100)  # 38 queued, 30 free
+    publish_worker(fake_worker(MODEL, waiting=1, running=2))  # something waits there: no slot to give
+    assert load.fleet_load()[MODEL].free_slots == 0
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(38 * 100 / 100 + 0)
 
 
 def test_fleet_read_is_cached_for_a_second(alice, fleet_settings, redis_clean):

@@ -13,6 +13,12 @@ from tests.sockets import open_socket
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.real_fleet]
 
 
+def full_worker(model):
+    """A live worker of ``model`` whose running slots are all taken, nothing waiting: queued replies wait for
+    slots to free (an engine with free slots starts them at once, so they would not be a wait)."""
+    return fake_worker(model, running=32, max_num_seqs=32)
+
+
 def queue_free_replies(n):
     """``n`` replies of another free user waiting in the queue (``n`` s of expected wait for a free request
     at 100 tokens/s and 100 tokens per reply; none for a paid one, which the broker delivers first)."""
@@ -53,7 +59,7 @@ async def test_busy_free_user_gets_busy_with_retry_after_then_is_admitted_when_l
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
 
     await database_sync_to_async(queue_free_replies)(25)  # 25 s expected wait for a free request
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL))
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
     error = await ws.receive_json_from()
@@ -63,7 +69,7 @@ async def test_busy_free_user_gets_busy_with_retry_after_then_is_admitted_when_l
     )()
 
     await database_sync_to_async(Message.objects.filter(status="queued").update)(status="completed")
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL))
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
     queued = await ws.receive_json_from()
     assert queued["type"] == "queued" and queued["model"] == settings.INFERENCE_DEFAULT_MODEL
@@ -82,7 +88,7 @@ async def test_a_tier_change_applies_to_an_open_socket_at_its_next_send(
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
     settings.ADMISSION_LOAD_CACHE_S = 0.3
     await database_sync_to_async(queue_free_replies)(25)  # free: 25 s > 10 s threshold; paid: 0 s
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
     assert (await ws.receive_json_from())["code"] == "busy"
@@ -131,7 +137,7 @@ async def test_a_refusal_is_decided_from_warm_figures_and_an_ended_session_still
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
     settings.ADMISSION_LOAD_CACHE_S = 30.0
     await database_sync_to_async(queue_free_replies)(25)
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL))
     ws = await open_socket(session_cookie)
     await database_sync_to_async(load.warm)(user_ids=[alice.pk])
     before = refusals_from_memory()
@@ -164,7 +170,7 @@ async def test_a_keyed_send_is_refused_from_memory_but_a_resend_gets_its_stored_
     settings.ADMISSION_MEAN_REPLY_TOKENS = 100
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
     settings.ADMISSION_LOAD_CACHE_S = 0.2
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
     ws = await open_socket(session_cookie)
     key = "4b0f5d2e-8c1a-4f5e-9a57-0e6c1d2b3a4f"
     await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello", "client_id": key})
@@ -220,7 +226,7 @@ async def test_refusals_at_the_gate_are_counted_for_metrics_and_the_staff_page(
     settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
     settings.ADMISSION_LOAD_CACHE_S = 30.0
     await database_sync_to_async(queue_free_replies)(25)
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL))
+    await database_sync_to_async(publish_worker)(full_worker(settings.INFERENCE_DEFAULT_MODEL))
     await database_sync_to_async(load.warm)(user_ids=[alice.pk])
     before_busy, before_memory = rejections("busy"), refusals_from_memory()
     for _ in range(2):
