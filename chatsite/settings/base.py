@@ -199,6 +199,8 @@ INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 # Engine round 2 (issue 9): adaptive CPU threads under contention, priority ageing (0 = strict priority) and
 # the prefix cache (0 = off).
 INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
+# Niceness (0..19) of the engine's loop and OpenMP threads, so daphne on the same cores wins the CPU (docs/overhead.md).
+INFERENCE_ENGINE_NICE = env.int("INFERENCE_ENGINE_NICE", default=0)
 INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
 INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
 # Resident K/V memory target in MB: running requests' K/V + prefix cache + freed pages kept for reuse; the last two
@@ -222,6 +224,8 @@ ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
 # Keep those figures warm for the users of a web process's open sockets (conversations/load_warmer.py), so a
 # refusal is decided from memory instead of after a database read.
 ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
+# A socket's frame may be refused (never admitted) from figures up to this old when the warmer is late (s; 0 = off).
+ADMISSION_STALE_REFUSAL_S = env.float("ADMISSION_STALE_REFUSAL_S", default=5.0)
 # Task threads per worker when started without --concurrency: the engine's running slots plus a few, so the
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
