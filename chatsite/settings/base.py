@@ -295,6 +295,8 @@ API_COMPLETION_TIMEOUT_S = env.int("API_COMPLETION_TIMEOUT_S", default=600)
 # Reliability and security (issue 7): WebSocket frame rate per socket, the queued-reply reaper, the final
 # write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).
 WS_FRAMES_PER_S = env.float("WS_FRAMES_PER_S", default=10.0)
+# daphne's sys.setswitchinterval (ms): how soon its event loop gets the GIL back from busy threads (docs/overhead.md).
+WEB_GIL_SWITCH_INTERVAL_MS = env.float("WEB_GIL_SWITCH_INTERVAL_MS", default=5.0)
 WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
 # A reply still `queued` this many seconds after its last dispatch is dispatched again (the claim makes a
 # duplicate delivery a no-op), so a broker message lost with a dying worker never strands a reply.
