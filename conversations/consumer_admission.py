@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import functools
 
-from django.conf import settings
-
 from accounts.sessions import session_is_current
 from conversations import admission, load, load_warmer, refusals
 from conversations.admission import AdmissionRefused
@@ -28,31 +26,20 @@ class AdmissionGateMixin:
         """The load gate's refusal of a ``send`` (but not a ``resend``: that one may be answered from its
         stored ticket) or ``regenerate`` frame, decided from cached figures only (the user's current tier,
         the fleet, the queue; kept warm by :mod:`conversations.load_warmer`); None when admitted, another
-        frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before).
-
-        When a figure is past ``ADMISSION_LOAD_CACHE_S`` (the warmer's pass is late: the database is busy with
-        a burst of sends), figures up to ``ADMISSION_STALE_REFUSAL_S`` old may still *refuse*, never admit:
-        a refusal says retry later either way, while reading them afresh would queue this frame behind the
-        burst (docs/overhead.md)."""
+        frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before)."""
         if not (isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and not frame.resend)):
             return None
         load_warmer.note_activity()
-        for stale_s in (0.0, settings.ADMISSION_STALE_REFUSAL_S):
-            try:
-                with load.cached_only(stale_s=stale_s):
-                    model_name, _, _ = admission.load_gate_for_user(
-                        user=self.user, model_name=frame.model or ""
-                    )
-            except load.CacheMiss:
-                continue  # fresh figures missing: try the stale ones (a stale_s of 0 serves none)
-            except AdmissionRefused as exc:
-                self.count_gate_refusal(exc)
-                return exc
-            if stale_s:
-                return None  # stale figures admit nothing: the exact path decides
-            # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
-            self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
+        try:
+            with load.cached_only():
+                model_name, _, _ = admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
+        except load.CacheMiss:
             return None
+        except AdmissionRefused as exc:
+            self.count_gate_refusal(exc)
+            return exc
+        # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
+        self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
         return None
 
     def admitting(self, service, *, check_session: bool = False):

@@ -58,8 +58,6 @@ _capacity: dict[str, tuple[float, float]] = {}
 
 
 _cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
-# Inside cached_only(stale_s=...): figures up to this old (s) are served instead of raising CacheMiss.
-_stale_s: ContextVar[float] = ContextVar("load_stale_s", default=0.0)
 # Inside warm(): figures older than this (s) are read again, so they never reach their TTL while warmed.
 _refresh_after: ContextVar[float | None] = ContextVar("load_refresh_after", default=None)
 
@@ -69,17 +67,13 @@ class CacheMiss(Exception):
 
 
 @contextmanager
-def cached_only(*, stale_s: float = 0.0):
+def cached_only():
     """Within this block every read is served from the cache or raises :class:`CacheMiss`: lets an async
-    caller (the WebSocket consumer) decide admission on its event loop, without a thread hop, when fresh.
-    ``stale_s`` > 0: a figure past ``ADMISSION_LOAD_CACHE_S`` but at most ``stale_s`` seconds old is served
-    too (the consumer refuses from such figures, never admits: ``ChatConsumer.refusal_from_memory``)."""
+    caller (the WebSocket consumer) decide admission on its event loop, without a thread hop, when fresh."""
     token = _cached_only.set(True)
-    stale = _stale_s.set(stale_s)
     try:
         yield
     finally:
-        _stale_s.reset(stale)
         _cached_only.reset(token)
 
 
@@ -92,8 +86,6 @@ def _cached(key: tuple, compute):
         if hit is not None and now - hit[0] < (ttl if fresh_for is None else fresh_for):
             return hit[1]
     if _cached_only.get():
-        if hit is not None and now - hit[0] < _stale_s.get():
-            return hit[1]
         raise CacheMiss(key)
     value = compute()
     with _cache_lock:

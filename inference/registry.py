@@ -94,13 +94,6 @@ def _kernel_memory(value: str) -> str:
     return value
 
 
-def _engine_nice(value: int) -> int:
-    """``INFERENCE_ENGINE_NICE``: 0..19 (``EngineConfig.nice``). Raises ImproperlyConfigured otherwise."""
-    if not 0 <= value <= 19:
-        raise ImproperlyConfigured(f"INFERENCE_ENGINE_NICE must be 0..19, got {value!r}")
-    return value
-
-
 def engine_config() -> EngineConfig:
     """Engine limits from settings (``INFERENCE_*``)."""
     return EngineConfig(
@@ -115,7 +108,6 @@ def engine_config() -> EngineConfig:
         kv_cache_memory_mb=_memory_target(settings.INFERENCE_KV_CACHE_MEMORY_MB),
         native_kernels=settings.INFERENCE_NATIVE_KERNELS,
         kernel_memory=_kernel_memory(settings.INFERENCE_KERNEL_MEMORY),
-        nice=_engine_nice(settings.INFERENCE_ENGINE_NICE),
     )
 
 

@@ -37,7 +37,6 @@ from django.db import close_old_connections
 from events import broadcast
 from inference import fleet
 from inference.backends import EngineDead, ServingEngine
-from inference.engine.threads import lower_own_autogroup
 from inference.registry import model_version
 from observability import tracing
 
@@ -74,8 +73,6 @@ class WorkerHost:
 
     def start(self) -> WorkerHost:
         self.engine.start()
-        if lower_own_autogroup(settings.INFERENCE_ENGINE_NICE):  # see there: a kernel with autogroups
-            logger.info("this worker's session autogroup runs at nice %d", settings.INFERENCE_ENGINE_NICE)
         if hasattr(self.engine, "on_death"):
             self.engine.on_death(self._engine_died)
         for target, name in (

@@ -199,8 +199,6 @@ INFERENCE_MAX_WAITING = env.int("INFERENCE_MAX_WAITING", default=256)
 # Engine round 2 (issue 9): adaptive CPU threads under contention, priority ageing (0 = strict priority) and
 # the prefix cache (0 = off).
 INFERENCE_ADAPTIVE_THREADS = env.bool("INFERENCE_ADAPTIVE_THREADS", default=True)
-# Niceness (0..19) of the engine's loop and OpenMP threads, so daphne on the same cores wins the CPU (docs/overhead.md).
-INFERENCE_ENGINE_NICE = env.int("INFERENCE_ENGINE_NICE", default=0)
 INFERENCE_PRIORITY_AGEING_S = env.float("INFERENCE_PRIORITY_AGEING_S", default=5.0)
 INFERENCE_PREFIX_CACHE_TOKENS = env.int("INFERENCE_PREFIX_CACHE_TOKENS", default=8192)
 # Resident K/V memory target in MB: running requests' K/V + prefix cache + freed pages kept for reuse; the last two
@@ -224,8 +222,6 @@ ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
 # Keep those figures warm for the users of a web process's open sockets (conversations/load_warmer.py), so a
 # refusal is decided from memory instead of after a database read.
 ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
-# A socket's frame may be refused (never admitted) from figures up to this old when the warmer is late (s; 0 = off).
-ADMISSION_STALE_REFUSAL_S = env.float("ADMISSION_STALE_REFUSAL_S", default=5.0)
 # Task threads per worker when started without --concurrency: the engine's running slots plus a few, so the
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
 # priority queue that it cannot start soon (claimed tasks no longer yield to newer paid ones there).
@@ -295,8 +291,6 @@ API_COMPLETION_TIMEOUT_S = env.int("API_COMPLETION_TIMEOUT_S", default=600)
 # Reliability and security (issue 7): WebSocket frame rate per socket, the queued-reply reaper, the final
 # write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).
 WS_FRAMES_PER_S = env.float("WS_FRAMES_PER_S", default=10.0)
-# daphne's sys.setswitchinterval (ms): how soon its event loop gets the GIL back from busy threads (docs/overhead.md).
-WEB_GIL_SWITCH_INTERVAL_MS = env.float("WEB_GIL_SWITCH_INTERVAL_MS", default=5.0)
 WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
 # A reply still `queued` this many seconds after its last dispatch is dispatched again (the claim makes a
 # duplicate delivery a no-op), so a broker message lost with a dying worker never strands a reply.

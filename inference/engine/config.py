@@ -125,9 +125,6 @@ class EngineConfig:
             kernels measured fastest on this CPU kind, even where they hold the weights as float panels (on an AVX2
             CPU in float32 the default model's layers take ~540 MB so, against ~100 MB as GGUF blocks); ``"low"``,
             the kernels that read the GGUF blocks wherever a weight has them.
-        nice: Scheduling niceness (0..19) of the loop thread and the OpenMP workers it starts
-            (:func:`~inference.engine.threads.lower_calling_thread_priority`; only with ``start()``): a web
-            process on the same cores then wins the CPU when both want it. 0 leaves the priority alone.
     """
 
     max_num_seqs: int = 32
@@ -143,7 +140,6 @@ class EngineConfig:
     kv_cache_memory_mb: float | None = 384.0
     native_kernels: bool = True
     kernel_memory: KernelMemory = "fast"
-    nice: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -172,8 +168,6 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.kernel_memory must be 'low' or 'fast', got {self.kernel_memory!r}"
             )
-        if not 0 <= self.nice <= 19:
-            raise ValueError(f"EngineConfig.nice must be 0..19, got {self.nice!r}")
         if self.kv_cache_memory_mb is not None and not self.kv_cache_memory_mb >= 0:
             raise ValueError("EngineConfig.kv_cache_memory_mb must be >= 0 (or None for no target)")
 

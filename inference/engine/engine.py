@@ -48,12 +48,7 @@ from .runner import ModelRunner
 from .sampling import sample_next_tokens
 from .scheduler import ScheduledStep, Scheduler
 from .step_stats import StepStats
-from .threads import (
-    AdaptiveThreads,
-    default_num_threads,
-    lower_calling_thread_priority,
-    release_calling_thread_openmp_pool,
-)
+from .threads import AdaptiveThreads, default_num_threads, release_calling_thread_openmp_pool
 
 logger = logging.getLogger(__name__)
 
@@ -318,8 +313,6 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
             self._thread.start()
 
     def _loop(self, num_threads: int) -> None:
-        # Before the first parallel region: the OpenMP workers this thread starts inherit its niceness.
-        lower_calling_thread_priority(self.config.nice)
         # OpenMP thread counts are per thread: apply the configured count to this one.
         torch.set_num_threads(num_threads)
         adaptive = None

@@ -19,7 +19,6 @@ import ctypes
 import logging
 import os
 import sys
-import threading
 import time
 
 logger = logging.getLogger(__name__)
@@ -64,85 +63,6 @@ def release_calling_thread_openmp_pool() -> bool:
         return lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
     except Exception:  # best effort only: a performance tweak must never break the engine
         logger.debug("omp_pause_resource_all failed", exc_info=True)
-        return False
-
-
-def lower_calling_thread_priority(nice: int) -> bool:
-    """Give the calling thread the scheduling niceness ``nice`` (0..19; higher runs later under contention).
-
-    Linux keeps the nice value per thread (``setpriority(PRIO_PROCESS, tid)`` changes that thread only), and a
-    thread created afterwards inherits its creator's: the OpenMP worker pools that torch and the native kernels
-    start lazily from the engine's loop thread on its first parallel region get it too, while the process's
-    other threads (a Celery worker's task threads, its broker connection) keep theirs. Why: on a box shared with
-    the web process, the engine's busy threads should yield to daphne's event loop (``docs/overhead.md``).
-
-    Returns ``True`` when applied; ``False`` for ``nice`` <= 0, a platform without it, or a refusal (lowering
-    a thread's niceness back needs CAP_SYS_NICE). Never raises.
-    """
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        return True
-    except OSError:
-        logger.warning("could not set the engine thread's niceness to %d", nice, exc_info=True)
-        return False
-
-
-def _session_of(pid: str) -> tuple[int, int] | None:
-    """``(session id, parent pid)`` of process ``pid`` from ``/proc/<pid>/stat``; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[3]), int(fields[1])
-
-
-def session_is_own() -> bool:
-    """Whether every process of this process's session is this one or one of its ancestors (a ``sh -c``
-    wrapper), as for each process that honcho (``make run``) starts: then the session's autogroup is ours
-    alone. Linux only (``/proc``); False elsewhere."""
-    try:
-        sid = os.getsid(0)
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return False
-    lineage, pid = set(), os.getpid()
-    while pid > 1 and pid not in lineage:
-        lineage.add(pid)
-        info = _session_of(str(pid))
-        pid = info[1] if info else 0
-    for p in pids:
-        info = _session_of(p)
-        if info is not None and info[0] == sid and int(p) not in lineage:
-            return False
-    return True
-
-
-def lower_own_autogroup(nice: int) -> bool:
-    """Give this process's session autogroup the niceness ``nice`` when it is this process's alone.
-
-    Why: with ``kernel.sched_autogroup_enabled`` (most desktop and many server kernels) the processes of the
-    root cgroup share the CPU per session first and by nice only within a session, so a thread's niceness
-    (:func:`lower_calling_thread_priority`) ranks it only against its own session; honcho starts daphne and
-    the worker in sessions of their own. Writing ``/proc/self/autogroup`` lowers the whole worker's share
-    against daphne's session. Done only when :func:`session_is_own` (a shell session shared with daphne keeps
-    its weight; there the threads' niceness does the work). Returns ``True`` when applied; never raises.
-    """
-    if nice <= 0:
-        return False
-    try:
-        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
-            if fh.read().strip() != "1":
-                return False
-        if not session_is_own():
-            return False
-        with open("/proc/self/autogroup", "w") as fh:
-            fh.write(str(nice))
-        return True
-    except OSError:
-        logger.warning("could not set this session's autogroup niceness to %d", nice, exc_info=True)
         return False
 
 

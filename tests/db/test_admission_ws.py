@@ -194,57 +194,6 @@ async def test_a_keyed_send_is_refused_from_memory_but_a_resend_gets_its_stored_
     await ws.disconnect()
 
 
-def ws_refusals(decided: str) -> float:
-    """WebSocket refusals this process decided from ``memory`` or after a database ``read``."""
-    from prometheus_client import REGISTRY
-
-    return REGISTRY.get_sample_value("chatsite:websocket_refusal_seconds_count", {"decided": decided}) or 0.0
-
-
-async def test_a_late_warmer_lets_stale_figures_refuse_but_never_admit(
-    session_cookie, alice, redis_clean, settings
-):
-    """Figures past ADMISSION_LOAD_CACHE_S (the warmer's pass is late behind a burst) still refuse from memory
-    while at most ADMISSION_STALE_REFUSAL_S old; stale figures that would admit are read again, and with the
-    setting at 0 every stale figure is."""
-    from conversations import load
-
-    settings.ADMISSION_MEAN_REPLY_TOKENS = 100
-    settings.ADMISSION_DECODE_TOKENS_PER_S = 100.0
-    settings.ADMISSION_WARM_SOCKETS = False  # no pass refreshes the figures between the sends below
-    settings.ADMISSION_LOAD_CACHE_S = 0.2
-    settings.ADMISSION_STALE_REFUSAL_S = 30.0
-    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
-    ws = await open_socket(session_cookie)
-    await database_sync_to_async(queue_free_replies)(25)  # busy for free
-    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
-    await asyncio.sleep(0.3)  # every figure is now past ADMISSION_LOAD_CACHE_S
-    memory, read = ws_refusals("memory"), ws_refusals("read")
-    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
-    assert (await ws.receive_json_from())["code"] == "busy"
-    assert (ws_refusals("memory"), ws_refusals("read")) == (memory + 1, read)
-
-    settings.ADMISSION_STALE_REFUSAL_S = 0.0
-    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
-    assert (await ws.receive_json_from())["code"] == "busy"
-    assert (ws_refusals("memory"), ws_refusals("read")) == (memory + 1, read + 1)
-
-    # Stale figures that admit (the queue was empty when read) while the queue is full again now.
-    settings.ADMISSION_STALE_REFUSAL_S = 30.0
-    await database_sync_to_async(Message.objects.filter(status="queued").update)(status="completed")
-    load.forget_reads()
-    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
-    await database_sync_to_async(Message.objects.filter(status="completed").update)(status="queued")
-    await asyncio.sleep(0.3)
-    await ws.send_json_to({"type": "send", "conversation_id": None, "content": "hello"})
-    assert (await ws.receive_json_from())["code"] == "busy"  # decided on figures read again
-    assert (ws_refusals("memory"), ws_refusals("read")) == (memory + 1, read + 2)
-    assert not await database_sync_to_async(
-        Message.objects.filter(conversation__owner__username="alice").exists
-    )()
-    await ws.disconnect()
-
-
 def rejections(reason: str) -> float:
     from prometheus_client import REGISTRY
 

@@ -34,15 +34,3 @@ def test_engine_config_takes_the_kv_memory_target_from_settings(settings):
     settings.INFERENCE_KV_CACHE_MEMORY_MB = -5
     with pytest.raises(ImproperlyConfigured, match="INFERENCE_KV_CACHE_MEMORY_MB"):
         engine_config()
-
-
-def test_engine_config_takes_the_engine_niceness_and_refuses_values_outside_0_to_19(settings):
-    from inference.registry import engine_config
-
-    settings.INFERENCE_ENGINE_NICE = 0
-    assert engine_config().nice == 0
-    settings.INFERENCE_ENGINE_NICE = 10
-    assert engine_config().nice == 10
-    settings.INFERENCE_ENGINE_NICE = 20
-    with pytest.raises(ImproperlyConfigured, match="INFERENCE_ENGINE_NICE"):
-        engine_config()
