@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations import generations, moderation, recall
+from conversations import generations, moderation
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
@@ -96,9 +96,6 @@ def completion_request(
         conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)
-        # As a chat message's: the question's vector is on its way before a worker can claim the reply, so a
-        # stored completion's memory recall does not wait for a whole embedding round trip (docs/overhead.md).
-        recall.question_prefetch(reply=reply, question=last_user.content if last_user else "")
         reply_dispatch(message=reply)
     return reply
 

@@ -104,10 +104,8 @@ def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admi
         parent=parent,
     )
     admission.attach(message)
-    # Both run on commit, in this order: the question is on its way to the embeddings worker (and marked
-    # asked) before a worker can claim the reply and look for its vector (docs/overhead.md).
-    recall.question_prefetch(reply=message, question=parent.content)
     reply_dispatch(message=message)
+    recall.question_prefetch(reply=message, question=parent.content)
     # Every other tab of the user shows the new branch (tab sync through the per-user group).
     broadcast.publish_to_user_on_commit(
         conversation.owner_id,

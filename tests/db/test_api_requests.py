@@ -348,29 +348,3 @@ def test_reaped_unstored_completion_is_deleted(alice, redis_clean):
     reaped = reaper.generations_reap_interrupted(is_alive=lambda _id: False, grace_s=-1)
     assert reaped == [reply.id]
     assert not Conversation.objects.filter(pk=reply.conversation_id).exists()
-
-
-def test_a_stored_completions_question_is_sent_for_embedding_before_its_generation_task(
-    alice, redis_clean, django_capture_on_commit_callbacks
-):
-    """As a chat message's: on commit the newest user turn goes to the embeddings worker (marked asked, so the
-    worker waits for that vector instead of asking again), and only then the generation task; an unstored
-    completion has no memory recall, so nothing is embedded for it."""
-    from memory.query import redis_client, reply_key
-    from tests.conftest import broker_take
-
-    broker_take("embeddings.query")
-    broker_take(queue_for(MODEL))
-    messages = [*HELLO, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "What now?"}]
-    with django_capture_on_commit_callbacks(execute=True) as hooks:
-        reply = completion_request(user=alice, model=MODEL, messages=messages, sampling={}, store=True)
-    assert broker_take("embeddings.query") == [([reply_key(reply.id), "What now?"], 0)]
-    assert redis_client().exists(f"{reply_key(reply.id)}:asked")
-    assert [args for args, _ in broker_take(queue_for(MODEL))] == [[reply.id]]
-    names = [getattr(hook, "__qualname__", "") for hook in hooks]
-    assert names.index("question_prefetch.<locals>.send") < names.index("reply_dispatch.<locals>.send")
-
-    Message.objects.filter(pk=reply.pk).update(status=Message.Status.COMPLETED)
-    unstored = completion_request(user=alice, model=MODEL, messages=HELLO, sampling={})
-    assert unstored.conversation.stored is False
-    assert broker_take("embeddings.query") == []
