@@ -175,6 +175,9 @@ class Command(BaseCommand):
                 (f"page waves of {top} clients per round", [len(x["waves"]) for x in per_round]),
                 (f"tok/s, page path, {top} clients", [tps(x["waves"]) for x in per_round]),
             ]
+            for q in (50, 99):
+                added = [_pct([s for wv in x["waves"] for s in wv.streams], "added_ms", q) for x in per_round]
+                rows.append((f"added TTFT, page path, {top} clients, p{q} ms", added))
         load_after = open("/proc/loadavg").read().split()[:3]
         w(
             f"bench_overhead --only {o['only']}: {o['rounds']} rounds, levels {levels}; {os.cpu_count()} CPUs; "
