@@ -305,7 +305,10 @@ async def test_one_streamed_api_completion_is_one_trace_with_the_api_paths_stage
     _, key = await database_sync_to_async(api_key_create)(user=users[1], name="trace")
     response = await AsyncClient().post(
         "/v1/chat/completions",
-        data=json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi!"}], "stream": True}),
+        # Stored: an unstored completion's rows are deleted once its reply ends.
+        data=json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "Hi!"}], "stream": True, "store": True}
+        ),
         content_type="application/json",
         headers={"Authorization": f"Bearer {key}"},
     )
