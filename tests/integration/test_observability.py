@@ -303,17 +303,31 @@ async def test_one_streamed_api_completion_is_one_trace_with_the_api_paths_stage
     web_spans = InMemorySpanExporter()
     trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(web_spans))
     _, key = await database_sync_to_async(api_key_create)(user=users[1], name="trace")
-    response = await AsyncClient().post(
-        "/v1/chat/completions",
-        # Stored: an unstored completion's rows are deleted once its reply ends.
-        data=json.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "Hi!"}], "stream": True, "store": True}
-        ),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {key}"},
+    # To the traced green worker only: the session's plain worker may be alive and serve the model's queue.
+    await database_sync_to_async(call_command)(
+        "rollout", MODEL, "--to", "green", "--percent", "100", "--stable", "blue"
     )
-    assert response.status_code == 200
-    body = b"".join([chunk async for chunk in response.streaming_content]).decode()
+    try:
+        response = await AsyncClient().post(
+            "/v1/chat/completions",
+            # Stored: an unstored completion's rows are deleted once its reply ends.
+            data=json.dumps(
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "Hi!"}],
+                    "stream": True,
+                    "store": True,
+                }
+            ),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert response.status_code == 200
+        body = b"".join([chunk async for chunk in response.streaming_content]).decode()
+        reply_id = int(json.loads(body.split("data: ", 2)[1].split("\n")[0])["id"].removeprefix("chatcmpl-"))
+        reply = (await database_sync_to_async(wait_replies_finished)([reply_id]))[0]
+    finally:
+        await database_sync_to_async(ModelRollout.objects.all().delete)()
     assert body.rstrip().endswith("data: [DONE]") and '"content":' in body
 
     web = [s for s in web_spans.get_finished_spans() if s.name == "api.request"]
@@ -326,10 +340,8 @@ async def test_one_streamed_api_completion_is_one_trace_with_the_api_paths_stage
     # Recorded after the view returned, under the request's span (as the consumer's ws.first_token).
     assert by_name["sse.first_token"].parent.span_id == root.context.span_id
     assert by_name["api.validate"].start_time == root.start_time  # both begin when the request came in
-
-    reply_id = int(json.loads(body.split("data: ", 2)[1].split("\n")[0])["id"].removeprefix("chatcmpl-"))
-    reply = (await database_sync_to_async(wait_replies_finished)([reply_id]))[0]
     assert reply.status == "completed" and reply.trace_id == trace_id
+
     exported = [
         {"name": s.name, "trace_id": trace_id, "start_ns": s.start_time, "end_ns": s.end_time} for s in ours
     ]
