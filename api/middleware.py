@@ -1,9 +1,10 @@
 """``x-request-id`` on every response: the caller's own id when it sent a sane one, else a new one.
-``request.request_id`` holds it, and it is the ``request_id`` field of every log record written while the
+``request.request_id`` holds it (and ``request.received_ns`` the moment it came in, ns since the epoch), and it is the ``request_id`` field of every log record written while the
 request is handled (``observability.logs.log_context``; carried by sync_to_async threads and, through the
 generation task's headers, into the worker's records of the reply)."""
 
 import re
+import time
 import uuid
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -26,6 +27,7 @@ def request_id_middleware(get_response):
 
         async def middleware(request):
             request.request_id = request_id_for(request)
+            request.received_ns = time.time_ns()  # the first stage of an API reply's trace (docs/overhead.md)
             with log_context(request_id=request.request_id):
                 response = await get_response(request)
             response[HEADER] = request.request_id
@@ -36,6 +38,7 @@ def request_id_middleware(get_response):
 
     def middleware(request):
         request.request_id = request_id_for(request)
+        request.received_ns = time.time_ns()
         with log_context(request_id=request.request_id):
             response = get_response(request)
         response[HEADER] = request.request_id

@@ -16,12 +16,14 @@ A client can leave at three moments, all of which cancel the reply through its
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 from api import chunks
 from api.errors import ApiError, completion_failed
 from api.follow import ReplyLost, ReplySubscription, reply_frames
 from conversations.models import Message
+from observability import tracing
 from observability.metrics import sse_stream_open
 
 
@@ -29,12 +31,15 @@ class CompletionStream:
     """Async-iterable SSE body (bytes per event) for one reply; ``close()`` is called by Django when the
     response is closed (``StreamingHttpResponse`` registers an iterable's ``close`` as a resource closer).
 
-    ``subscription``: the view's hold on the reply; ``ids``: ``id``, ``created``, ``model`` of every chunk."""
+    ``subscription``: the view's hold on the reply; ``ids``: ``id``, ``created``, ``model`` of every chunk;
+    ``trace``: the request's span context (``tracing.current_context()``), parent of the ``sse.first_token``
+    span (the first token received from the channel layer, then its chunk handed to daphne), or None."""
 
-    def __init__(self, subscription: ReplySubscription, *, include_usage: bool, ids: dict):
+    def __init__(self, subscription: ReplySubscription, *, include_usage: bool, ids: dict, trace=None):
         self.subscription = subscription
         self.include_usage = include_usage
         self.ids = ids
+        self.trace = trace
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._events()
@@ -55,8 +60,14 @@ class CompletionStream:
                 async for frame in reply_frames(sub.layer, sub.channel, sub.message_id):
                     if frame["type"] == "token":
                         if frame["text"]:
+                            received_ns = time.time_ns()
                             sent.append(frame["text"])
                             yield self._chunk(delta={"content": frame["text"]})
+                            if self.trace is not None:  # pulled again: daphne took the first token's chunk
+                                tracing.record_span(
+                                    "sse.first_token", received_ns, time.time_ns(), parent=self.trace
+                                )
+                                self.trace = None
                         continue
                     done, sub.ended = frame, True
                     # A blocked reply ends like a completed one, with finish_reason "content_filter".

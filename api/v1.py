@@ -43,6 +43,7 @@ from conversations.moderation import ContentBlocked
 from database.connections import close_request_connections
 from events import broadcast
 from inference.registry import models_for_tier
+from observability import tracing
 from observability.logs import log_context
 
 logger = logging.getLogger(__name__)
@@ -132,9 +133,19 @@ async def chat_completions(request):
 
 
 async def _chat_completions(request, layer, channel):
+    # The root span of the reply's trace, begun when the request came in (the stages of docs/overhead.md);
+    # the Celery task carries its context to the worker, the SSE body parents the first chunk's span to it.
+    received_ns = getattr(request, "received_ns", None) or time.time_ns()
+    with tracing.span("api.request", start_ns=received_ns):
+        response = await _chat_completions_traced(request, layer, channel, received_ns)
+    return response
+
+
+async def _chat_completions_traced(request, layer, channel, received_ns: int):
     request_id = getattr(request, "request_id", "")
     try:
         user, chat = await sync_to_async(_prepare)(request)
+        tracing.record_span("api.validate", received_ns, time.time_ns())
         submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat, channel))
         try:
             reply = await asyncio.shield(submit)
@@ -162,7 +173,9 @@ async def _chat_completions(request, layer, channel):
     # tier's degrade_to_model when its own model was too busy).
     ids = {"id": chunks.completion_id(reply.id), "created": int(time.time()), "model": reply.model_name}
     if chat.stream:
-        body = CompletionStream(subscription, include_usage=chat.include_usage, ids=ids)
+        body = CompletionStream(
+            subscription, include_usage=chat.include_usage, ids=ids, trace=tracing.current_context()
+        )
         response = StreamingHttpResponse(body, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"

@@ -9,7 +9,6 @@ frame from a socket whose session ended closes it (4401), and an outage of Postg
 ``unavailable`` and closed with 1013, try again later (``docs/websocket-protocol.md``).
 """
 
-import functools
 import logging
 import time
 from collections import Counter
@@ -24,8 +23,9 @@ from django.http import Http404
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import admission, generations, load, load_warmer, moderation, refusals
+from conversations import generations, load, load_warmer, moderation
 from conversations.admission import AdmissionRefused
+from conversations.consumer_admission import AdmissionGateMixin, SessionEnded
 from conversations.protocol import (
     ContinueFrame,
     EditFrame,
@@ -52,7 +52,7 @@ CLOSE_TRY_AGAIN_LATER = 1013
 OUTAGE_ERRORS = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
-class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
+class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsumer):
     """``/ws/chat/``: one per browser tab. Frames in ``docs/websocket-protocol.md``; anonymous sockets are
     accepted and closed with 4401 so the page stops reconnecting."""
 
@@ -70,6 +70,7 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         # overhead metric), then the client-visible TTFT until the done frame brings the engine's.
         self.sent_at: dict[int, float] = {}
         self.pending: int | None = None  # load.note_pending token of the frame being handled
+        self.session_deferred = False  # the frame's session check runs in its service's thread
         self.client_ttft, self.reply_traces = {}, {}  # message id -> s; -> its trace (reply_stream.py)
         metrics.WS_OPEN.inc()
         self.counted_open = True
@@ -185,14 +186,18 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
                 metrics.WS_REFUSAL.labels("memory").observe(time.perf_counter() - started)
                 if load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk):
                     return  # and the warmer found the session current within ADMISSION_LOAD_CACHE_S
+            # Let through the cached gate: its service's thread checks the session first (one hop for both).
+            self.session_deferred = refused is None and self.pending is not None
             # Off Channels' shared database thread: a frame does not queue behind other sockets' writes.
-            if not await db_call(session_is_current, thread_sensitive=False)(
+            if not self.session_deferred and not await db_call(session_is_current, thread_sensitive=False)(
                 session_key=self.session_key, user_id=self.user.pk
             ):
                 await self.end_session("expired")
                 return
             if refused is None:
                 await self.dispatch_frame(frame)
+        except SessionEnded:
+            await self.end_session("expired")
         except AdmissionRefused as exc:
             await self.send_error(exc.code, exc.message, retry_after=exc.retry_after)
             metrics.WS_REFUSAL.labels("read").observe(time.perf_counter() - started)
@@ -212,41 +217,6 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         except Exception:
             logger.exception("frame %s failed", frame.type)
             await self.send_error("internal_error", "Something went wrong; nothing was stored.")
-
-    def refusal_from_memory(self, frame) -> AdmissionRefused | None:
-        """The load gate's refusal of a ``send`` (but not a ``resend``: that one may be answered from its
-        stored ticket) or ``regenerate`` frame, decided from cached figures only (the user's current tier,
-        the fleet, the queue; kept warm by :mod:`conversations.load_warmer`); None when admitted, another
-        frame type, or a figure is not cached (then :meth:`dispatch_frame` decides as before)."""
-        if not (isinstance(frame, RegenerateFrame) or (isinstance(frame, SendFrame) and not frame.resend)):
-            return None
-        load_warmer.note_activity()
-        try:
-            with load.cached_only():
-                model_name, _, _ = admission.load_gate_for_user(user=self.user, model_name=frame.model or "")
-        except load.CacheMiss:
-            return None
-        except AdmissionRefused as exc:
-            self.count_gate_refusal(exc)
-            return exc
-        # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
-        self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
-        return None
-
-    def admitting(self, service):
-        """``service`` (a reply-creating service) that first stops counting this frame's pending request, on
-        the database thread right before its own admission counts it (see :meth:`refusal_from_memory`), and
-        runs it inside ``admission.gate_passed`` for the model the gate let it through to; the frame's end
-        clears the pending request too, should the call never run."""
-        token = self.pending
-
-        @functools.wraps(service)
-        def call(**kwargs):
-            # The model the cached gate let this frame through to: its load decision stands.
-            with admission.gate_passed(load.clear_pending(token)):
-                return service(**kwargs)
-
-        return call
 
     async def dispatch_frame(self, frame):
         if isinstance(frame, (SendFrame, RegenerateFrame, EditFrame, ContinueFrame)):
@@ -270,44 +240,6 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
                 await db_call(generations.reply_continue)(user=self.user, message_id=frame.message_id)
             )
 
-    async def refresh_tier(self):
-        """Admit with the user's current tier, not the one loaded when the socket connected (an admin's
-        change or an approved upgrade applies within ``ADMISSION_LOAD_CACHE_S``): from the cache on the
-        event loop, else on a worker thread."""
-        try:
-            with load.cached_only():
-                admission.refresh_tier(self.user)
-            return
-        except load.CacheMiss:
-            pass
-        await db_call(admission.refresh_tier, thread_sensitive=False)(self.user)
-
-    async def admission_gate(self, model: str | None = None):
-        # Refuse under overload (or a model the plan does not offer) in milliseconds: from the 1 s cache
-        # right here on the event loop, else on a worker thread (thread_sensitive=False: not queued behind
-        # other clients' database work). A conversation's remembered model is checked in the service.
-        try:
-            try:
-                with load.cached_only():
-                    admission.load_gate_for_user(user=self.user, model_name=model or "")
-                return
-            except load.CacheMiss:
-                pass
-            await db_call(admission.load_gate_for_user, thread_sensitive=False)(
-                user=self.user, model_name=model or ""
-            )
-        except AdmissionRefused as exc:
-            self.count_gate_refusal(exc)
-            raise
-
-    def count_gate_refusal(self, exc: AdmissionRefused) -> None:
-        """Count a refusal decided at this consumer's gate as the service counts its own
-        (``admission_rejections_total`` by tier and reason, and the staff page's per-minute counts), with no
-        Redis round trip on the event loop (:func:`conversations.refusals.refusal_note`)."""
-        tier = self.user.tier.name
-        metrics.observe_admission(tier=tier, refused_code=exc.code)
-        refusals.refusal_note(tier=tier, reason=exc.code)
-
     async def handle_send(self, frame: SendFrame):
         started = time.perf_counter()
         # A resend may be answered from its stored ticket first; a frame the cached gate already let through
@@ -319,7 +251,8 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
         # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
         # client_id, tests/db/test_consumer_hardening.py).
         with self.send_span(frame.conversation_id):
-            ticket = await db_call(self.admitting(generations.reply_request), thread_sensitive=False)(
+            service = self.admitting(generations.reply_request, check_session=self.session_deferred)
+            ticket = await db_call(service, thread_sensitive=False)(
                 user=self.user,
                 conversation_id=frame.conversation_id,
                 content=frame.content,
@@ -333,7 +266,8 @@ class ChatConsumer(ReplyStreamMixin, AsyncJsonWebsocketConsumer):
     async def handle_regenerate(self, frame: RegenerateFrame):
         if self.pending is None:
             await self.admission_gate(frame.model)
-        ticket = await db_call(self.admitting(generations.reply_regenerate), thread_sensitive=False)(
+        service = self.admitting(generations.reply_regenerate, check_session=self.session_deferred)
+        ticket = await db_call(service, thread_sensitive=False)(
             user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)

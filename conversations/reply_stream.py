@@ -108,12 +108,16 @@ class ReplyStreamMixin:
         if not ticket.duplicate:  # a resend stored nothing, so published nothing
             self.own_changes[message.conversation_id] += 1
         await self.watch(message.id)
-        frame = await db_call(broadcast.frame_queued)(
+        fields = dict(
             message=message,
             user_message_id=ticket.user_message_id,
             position=ticket.position,
             notice=ticket.notice,
         )
+        if type(message).conversation.is_cached(message):  # the service's own objects: no read, no hop
+            frame = broadcast.frame_queued(**fields)
+        else:  # a resend's stored ticket: its conversation is read
+            frame = await db_call(broadcast.frame_queued)(**fields)
         await self.send_json(frame)
         # The task was dispatched when the service committed, before this socket joined the group: a fast
         # worker may already have sent started and tokens (or done), which never reach this socket live; a

@@ -21,6 +21,16 @@ published to the channel layer ``channel_layer.first_token``  worker: XADD + gro
 received by the consumer       ``ws.first_token`` start       consumer: the channel layer delivered it
 sent to the socket             ``ws.first_token`` end         consumer: the token frame written to the socket
 ============================== ============================== =================================================
+
+The API path (``POST /v1/chat/completions`` with ``stream: true``) shares the stages from ``admitted`` to
+``published to the channel layer`` and has its own ends:
+
+============================== ============================== =================================================
+request received               ``api.validate`` start         web: the outermost middleware saw the request
+validated                      ``api.validate`` end           view: API key checked, body parsed, model allowed
+received by the view           ``sse.first_token`` start      SSE body: the channel layer delivered the token
+first SSE chunk written        ``sse.first_token`` end        SSE body: its chunk handed to daphne (next pull)
+============================== ============================== =================================================
 """
 
 from __future__ import annotations
@@ -30,10 +40,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: (stage, span name, "start" | "end"), in the order a reply passes them.
-STAGES: list[tuple[str, str, str]] = [
-    ("frame received", "ws.validate", "start"),
-    ("validated", "ws.validate", "end"),
+#: The stages both paths share, from admission to the first delta handed to the channel layer.
+_SHARED: list[tuple[str, str, str]] = [
     ("admitted", "admission", "end"),
     ("stored", "reply.dispatch", "start"),
     ("dispatched", "reply.dispatch", "end"),
@@ -42,9 +50,28 @@ STAGES: list[tuple[str, str, str]] = [
     ("submitted to the engine", "engine.queue_wait", "start"),
     ("first token", "engine.prefill", "end"),
     ("published to the channel layer", "channel_layer.first_token", "end"),
-    ("received by the consumer", "ws.first_token", "start"),
-    ("sent to the socket", "ws.first_token", "end"),
 ]
+
+#: Per path, (stage, span name, "start" | "end") in the order a reply passes them. A trace belongs to the
+#: path whose first span it holds (``ws.validate``: the page's WebSocket; ``api.validate``: the API's SSE).
+PATHS: dict[str, list[tuple[str, str, str]]] = {
+    "page": [
+        ("frame received", "ws.validate", "start"),
+        ("validated", "ws.validate", "end"),
+        *_SHARED,
+        ("received by the consumer", "ws.first_token", "start"),
+        ("sent to the socket", "ws.first_token", "end"),
+    ],
+    "api": [
+        ("request received", "api.validate", "start"),
+        ("validated", "api.validate", "end"),
+        *_SHARED,
+        ("received by the view", "sse.first_token", "start"),
+        ("first SSE chunk written", "sse.first_token", "end"),
+    ],
+}
+#: The page path's stages (the table of the module docstring).
+STAGES = PATHS["page"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,23 +96,35 @@ def read_spans(lines: Iterable[str]) -> list[dict]:
     return spans
 
 
-def reply_timelines(spans: Iterable[dict]) -> list[dict[str, int]]:
-    """One ``{stage: ns}`` per trace that has every stage (replies that were refused, cut short or whose
-    first token went to no socket of this consumer are left out)."""
+def reply_timelines(
+    spans: Iterable[dict], stages: list[tuple[str, str, str]] = STAGES
+) -> list[dict[str, int]]:
+    """One ``{stage: ns}`` per trace that has every one of ``stages`` (default: the page path's; replies that
+    were refused, cut short or whose first token went to no client of this web process are left out)."""
     by_trace: dict[str, dict[str, dict]] = defaultdict(dict)
     for span in spans:
         # The first span of a name in a trace (a regenerate in the same trace would repeat none of these).
         by_trace[span["trace_id"]].setdefault(span["name"], span)
     timelines = []
     for named in by_trace.values():
-        if all(name in named for _, name, _ in STAGES):
-            timelines.append({stage: named[name][f"{edge}_ns"] for stage, name, edge in STAGES})
+        if all(name in named for _, name, _ in stages):
+            timelines.append({stage: named[name][f"{edge}_ns"] for stage, name, edge in stages})
     return timelines
+
+
+def timelines_by_path(spans: Iterable[dict]) -> dict[str, list[dict[str, int]]]:
+    """``{path: timelines}`` for each of :data:`PATHS` (``"page"``, ``"api"``), each sorted by its first
+    stage; a path without a complete reply maps to ``[]``."""
+    spans = list(spans)
+    out = {}
+    for path, stages in PATHS.items():
+        out[path] = sorted(reply_timelines(spans, stages), key=lambda t, first=stages[0][0]: t[first])
+    return out
 
 
 @dataclass(frozen=True)
 class StageRow:
-    """One stage: milliseconds since the previous stage and since the frame was received (p50, p99)."""
+    """One stage: milliseconds since the previous stage and since the path's first stage (p50, p99)."""
 
     stage: str
     step_p50: float
@@ -94,12 +133,14 @@ class StageRow:
     total_p99: float
 
 
-def stage_rows(timelines: list[dict[str, int]]) -> list[StageRow]:
-    """The breakdown table over ``timelines`` (:func:`reply_timelines`)."""
+def stage_rows(
+    timelines: list[dict[str, int]], stages: list[tuple[str, str, str]] = STAGES
+) -> list[StageRow]:
+    """The breakdown table over ``timelines`` (:func:`reply_timelines` of the same ``stages``)."""
     rows = []
     previous = None
-    first = STAGES[0][0]
-    for stage, _, _ in STAGES:
+    first = stages[0][0]
+    for stage, _, _ in stages:
         steps = [(t[stage] - t[previous]) / 1e6 for t in timelines] if previous else [0.0 for _ in timelines]
         totals = [(t[stage] - t[first]) / 1e6 for t in timelines]
         rows.append(
@@ -115,11 +156,11 @@ def stage_rows(timelines: list[dict[str, int]]) -> list[StageRow]:
     return rows
 
 
-def format_table(rows: list[StageRow], *, replies: int) -> str:
-    """A Markdown table of :func:`stage_rows` for ``replies`` replies."""
+def format_table(rows: list[StageRow], *, replies: int, path: str = "page") -> str:
+    """A Markdown table of :func:`stage_rows` for ``replies`` replies of ``path`` (a key of :data:`PATHS`)."""
     out = [
-        f"{replies} replies; ms, nearest-rank percentiles",
-        "| stage | since previous p50 | p99 | since frame received p50 | p99 |",
+        f"{path} path: {replies} replies; ms, nearest-rank percentiles",
+        f"| stage | since previous p50 | p99 | since {rows[0].stage if rows else 'received'} p50 | p99 |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in rows:

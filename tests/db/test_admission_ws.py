@@ -1,6 +1,7 @@
 """Admission refusals over the WebSocket: ``error`` frames with ``retry_after``, nothing stored."""
 
 import asyncio
+from uuid import uuid4
 
 import pytest
 from channels.db import database_sync_to_async
@@ -246,3 +247,55 @@ async def test_refusals_at_the_gate_are_counted_for_metrics_and_the_staff_page(
         await asyncio.sleep(0.1)
     assert (added(recent, "no_workers"), added(recent, "busy")) == (1, 2), (counted, recent)
     await ws.disconnect()
+
+
+@pytest.fixture
+def thread_hops(monkeypatch):
+    """Counts the consumer's hops onto a worker thread (asgiref's ``sync_to_async`` calls, under
+    ``database_sync_to_async`` too) while ``counting`` is set; the calls themselves run unchanged."""
+    from asgiref.sync import SyncToAsync
+
+    original = SyncToAsync.__call__
+    hops = {"counting": False, "calls": []}
+
+    async def counted(self, *args, **kwargs):
+        if hops["counting"]:
+            hops["calls"].append(getattr(self.func, "__name__", repr(self.func)))
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counted)
+    return hops
+
+
+async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_check_included(
+    session_cookie, alice, client, redis_clean, settings, thread_hops
+):
+    """The session check and the service run in one worker-thread call, and the ``queued`` frame is built from
+    the service's own objects; the check still stops a send whose session ended, storing nothing."""
+    from conversations import load
+
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    ws = await open_socket(session_cookie)
+    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
+    thread_hops["counting"] = True
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "hello", "client_id": str(uuid4())}
+    )
+    queued = await ws.receive_json_from(timeout=10)
+    thread_hops["counting"] = False
+    assert queued["type"] == "queued", queued
+    assert thread_hops["calls"] == ["reply_request"]  # was: session check, reply_request, the queued frame
+    assert await database_sync_to_async(
+        Message.objects.filter(pk=queued["message_id"], status="queued").exists
+    )()
+
+    await database_sync_to_async(Message.objects.filter(status="queued").update)(status="completed")
+    await database_sync_to_async(client.session.flush)()  # the session ends without any event
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "again", "client_id": str(uuid4())}
+    )
+    assert await ws.receive_json_from(timeout=10) == {"type": "session_ended", "reason": "expired"}
+    assert (await ws.receive_output(timeout=5))["code"] == 4401
+    stored = await database_sync_to_async(Message.objects.filter(conversation__owner=alice).count)()
+    assert stored == 2  # the first send's user message and reply only

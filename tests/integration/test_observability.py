@@ -286,6 +286,80 @@ def test_one_reply_is_one_trace_across_web_and_worker(blue_green, users):
     assert {s["service"] for s in worker} == {"chatsite-worker"}
 
 
+async def test_one_streamed_api_completion_is_one_trace_with_the_api_paths_stages(blue_green, users):
+    """The API path's stages (``manage.py reply_stages``): request received and validated, the shared stages
+    from admission to the worker's first publish, then the SSE body's first token chunk, in one trace."""
+    from django.test import AsyncClient
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from api.services import api_key_create
+    from devtools.reply_stages import PATHS, reply_timelines
+    from observability import tracing
+
+    _, spans_file = blue_green
+    tracing.setup_tracing(exporter=InMemorySpanExporter(), instrument=["celery"])
+    web_spans = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(web_spans))
+    _, key = await database_sync_to_async(api_key_create)(user=users[1], name="trace")
+    # To the traced green worker only: the session's plain worker may be alive and serve the model's queue.
+    await database_sync_to_async(call_command)(
+        "rollout", MODEL, "--to", "green", "--percent", "100", "--stable", "blue"
+    )
+    try:
+        response = await AsyncClient().post(
+            "/v1/chat/completions",
+            # Stored: an unstored completion's rows are deleted once its reply ends.
+            data=json.dumps(
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "Hi!"}],
+                    "stream": True,
+                    "store": True,
+                }
+            ),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert response.status_code == 200
+        body = b"".join([chunk async for chunk in response.streaming_content]).decode()
+        reply_id = int(json.loads(body.split("data: ", 2)[1].split("\n")[0])["id"].removeprefix("chatcmpl-"))
+        reply = (await database_sync_to_async(wait_replies_finished)([reply_id]))[0]
+    finally:
+        await database_sync_to_async(ModelRollout.objects.all().delete)()
+    assert body.rstrip().endswith("data: [DONE]") and '"content":' in body
+
+    web = [s for s in web_spans.get_finished_spans() if s.name == "api.request"]
+    assert len(web) == 1
+    root = web[0]
+    trace_id = format(root.context.trace_id, "032x")
+    ours = [s for s in web_spans.get_finished_spans() if s.context.trace_id == root.context.trace_id]
+    by_name = {s.name: s for s in ours}
+    assert {"api.validate", "admission", "reply.dispatch", "sse.first_token"} <= set(by_name)
+    # Recorded after the view returned, under the request's span (as the consumer's ws.first_token).
+    assert by_name["sse.first_token"].parent.span_id == root.context.span_id
+    assert by_name["api.validate"].start_time == root.start_time  # both begin when the request came in
+    assert reply.status == "completed" and reply.trace_id == trace_id
+
+    exported = [
+        {"name": s.name, "trace_id": trace_id, "start_ns": s.start_time, "end_ns": s.end_time} for s in ours
+    ]
+    deadline = time.monotonic() + 10
+    while True:
+        worker = [json.loads(line) for line in spans_file.read_text().splitlines()]
+        worker = [s for s in worker if s["trace_id"] == trace_id]
+        if {"generation.final_write", "channel_layer.first_token"} <= {s["name"] for s in worker}:
+            break
+        assert time.monotonic() < deadline, {s["name"] for s in worker}
+        await asyncio.sleep(0.3)
+    timelines = reply_timelines(exported + worker, PATHS["api"])
+    assert len(timelines) == 1
+    moments = [timelines[0][stage] for stage, _, _ in PATHS["api"]]
+    # One clock for the test process and the worker: every stage comes after the request came in.
+    assert min(moments) == moments[0] and moments[-1] >= moments[-2]
+
+
 def test_drained_worker_finishes_its_replies_while_new_ones_go_elsewhere(blue_green, users):
     workers, _ = blue_green
     blue, green = workers["blue"], workers["green"]

@@ -42,6 +42,11 @@ def _pct(streams, attr: str, q: float) -> float:
     return percentile(values, q)
 
 
+def tps(waves) -> float:
+    """Mean tok/s over ``waves`` (NaN when none)."""
+    return sum(wv.tokens_per_s for wv in waves) / len(waves) if waves else float("nan")
+
+
 def _gaps(streams) -> list[float]:
     return [g for s in streams for g in s.gaps_ms]
 
@@ -59,6 +64,13 @@ class Command(BaseCommand):
         parser.add_argument("--flood-rate", type=float, default=100.0)
         parser.add_argument("--flood-seconds", type=float, default=5.0)
         parser.add_argument("--skip-api", action="store_true")
+        parser.add_argument(
+            "--only",
+            choices=("all", "refusals", "engine"),
+            default="all",
+            help="refusals: only page waves at the top level with the refusal prober running through them (no "
+            "bare engine, API or flood); engine: only the bare engine's waves (tok/s, TTFT), no stack needed",
+        )
 
     def handle(self, *args, **o):
         import logging
@@ -72,6 +84,8 @@ class Command(BaseCommand):
         self.ws_url = origin.replace("http", "ws", 1) + "/ws/chat/"
         self.origin, self.api_url = origin, origin + "/v1"
         load_before = open("/proc/loadavg").read().split()[:3]
+        if o["only"] != "all":
+            return self.handle_only(o, levels, load_before)
         cookies, refused_cookie, api_user, api_key, key = self.prepare(max(levels), o["max_tokens"])
         engine = self.load_engine()
         from conversations.reply_runner import sampling_for
@@ -111,6 +125,69 @@ class Command(BaseCommand):
             self.cleanup(api_user)
         load_after = open("/proc/loadavg").read().split()[:3]
         self.report(per_round, levels, o, load_before, load_after)
+
+    def handle_only(self, o, levels, load_before):
+        """``--only refusals|engine``: one part of the run, ``--rounds`` times; prints median [min-max]."""
+        w = self.stdout.write
+        per_round = []
+        if o["only"] == "engine":
+            from conversations.reply_runner import sampling_for
+
+            engine = self.load_engine()
+            sampling = sampling_for(max_new_tokens=o["max_tokens"])
+            try:
+                bench.engine_wave(engine, 1, sampling, round_index=-1)
+                for r in range(o["rounds"]):
+                    per_round.append(
+                        {n: [bench.engine_wave(engine, n, sampling, round_index=r)] for n in levels}
+                    )
+            finally:
+                engine.shutdown()
+            rows = [(f"tok/s, bare engine, {n} clients", [tps(x[n]) for x in per_round]) for n in levels]
+            rows += [
+                (
+                    f"bare engine TTFT, {n} clients, p50 ms",
+                    [_pct(x[n][0].streams, "ttft_ms", 50) for x in per_round],
+                )
+                for n in levels
+            ]
+        else:
+            top = max(levels)
+            cookies, refused_cookie, api_user, api_key, _ = self.prepare(top, o["max_tokens"])
+            try:
+                asyncio.run(bench.page_wave(cookies[:1], self.ws_url, self.origin))
+                for _ in range(o["rounds"]):
+                    proc, out = self.start_refusals(refused_cookie, o["refusals"])
+                    waves = [asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin))]
+                    while proc.is_alive() and out.empty():  # keep the engine saturated until the last refusal
+                        waves.append(asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin)))
+                    per_round.append({"refusals": self.finish_refusals(proc, out), "waves": waves})
+                    self.stderr.write(
+                        f"refusal ms, in order: {[round(t, 1) for t in per_round[-1]['refusals']]}"
+                    )
+            finally:
+                api_key.delete()
+                self.cleanup(api_user)
+            rows = [
+                ("refusal p50 ms", [percentile(x["refusals"], 50) for x in per_round]),
+                ("refusal p99 ms", [percentile(x["refusals"], 99) for x in per_round]),
+                ("refusals per round", [len(x["refusals"]) for x in per_round]),
+                (f"page waves of {top} clients per round", [len(x["waves"]) for x in per_round]),
+                (f"tok/s, page path, {top} clients", [tps(x["waves"]) for x in per_round]),
+            ]
+            for q in (50, 99):
+                added = [_pct([s for wv in x["waves"] for s in wv.streams], "added_ms", q) for x in per_round]
+                rows.append((f"added TTFT, page path, {top} clients, p{q} ms", added))
+        load_after = open("/proc/loadavg").read().split()[:3]
+        w(
+            f"bench_overhead --only {o['only']}: {o['rounds']} rounds, levels {levels}; {os.cpu_count()} CPUs; "
+            f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        )
+        w("| measure | median [min-max] over rounds |")
+        w("|---|---|")
+        for name, values in rows:
+            w(f"| {name} | {_median_range(values, '{:.1f}')} |")
 
     # --- set-up ------------------------------------------------------------------------------------------------
 
@@ -161,10 +238,19 @@ class Command(BaseCommand):
         return engine
 
     def cleanup(self, api_user):
+        from django.db import OperationalError
+
         from conversations.models import Conversation
 
-        Conversation.objects.filter(owner__username__startswith=TIER).delete()
-        Conversation.objects.filter(owner__username=REFUSED_TIER).delete()
+        for attempt in range(5):  # the embeddings worker may still be indexing the last turns (deadlock)
+            try:
+                Conversation.objects.filter(owner__username__startswith=TIER).delete()
+                Conversation.objects.filter(owner__username=REFUSED_TIER).delete()
+                return
+            except OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(2)
 
     # --- paths -------------------------------------------------------------------------------------------------
 
