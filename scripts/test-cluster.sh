@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-cluster` (run by hand; not in .ci/run until its browser drill is reliable): the multi-host test bed's drills
+# `make test-cluster` (called by .ci/run after make test and make test-vllm): the multi-host test bed's drills
 # (tests/cluster, docs/scale-out.md) and the container image's build and run (tests/cluster/test_container.py).
 # Needs root; installs Debian's haproxy, iptables, chromium, podman, runc and debootstrap if missing.
 set -euo pipefail
