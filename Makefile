@@ -36,7 +36,8 @@ lint: install
 test: install
 	@scripts/test.sh $(ARGS)
 
-# The multi-host test bed's drills (network namespaces, needs root; ~10 min): docs/scale-out.md
+# The multi-host test bed's drills and the container image's build and run (network namespaces, podman;
+# needs root; .ci/run calls it after test and test-vllm): docs/scale-out.md
 test-cluster: install
 	@scripts/test-cluster.sh $(ARGS)
 

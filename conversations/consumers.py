@@ -9,6 +9,7 @@ frame from a socket whose session ended closes it (4401), and an outage of Postg
 ``unavailable`` and closed with 1013, try again later (``docs/websocket-protocol.md``).
 """
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -16,7 +17,9 @@ from collections import Counter
 import redis
 from channels.consumer import get_handler_name
 from channels.db import aclose_old_connections
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.utils import await_many_dispatch
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import Http404
@@ -56,6 +59,20 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
     """``/ws/chat/``: one per browser tab. Frames in ``docs/websocket-protocol.md``; anonymous sockets are
     accepted and closed with 4401 so the page stops reconnecting."""
 
+    async def __call__(self, scope, receive, send):
+        """Channels' loop, except when the pub/sub channel layer cannot subscribe this socket's channel
+        (its Redis is down, before any handler ran): the socket is served without a layer so that
+        :meth:`connect` answers ``unavailable`` and closes with 1013, as for an outage met later."""
+        try:
+            await super().__call__(scope, receive, send)
+        except OUTAGE_ERRORS:
+            if hasattr(self, "channel_name"):
+                raise
+            logger.warning("no channel for a new socket: the channel layer is down", exc_info=True)
+            self.channel_layer, self.base_send = None, send
+            with contextlib.suppress(StopConsumer):
+                await await_many_dispatch([receive], self.dispatch)
+
     async def connect(self):
         self.user = self.scope.get("user")
         self.watching: set[int] = set()
@@ -77,7 +94,7 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         # Accept, then close with an application code: a refused handshake reaches the browser as 1006,
         # which the page would treat as a network error and retry forever.
         await self.accept()
-        if self.scope.get(AUTH_UNAVAILABLE):  # PostgreSQL is down: the session could not be read
+        if self.channel_layer is None or self.scope.get(AUTH_UNAVAILABLE):  # Redis or PostgreSQL down
             await self.close_unavailable()
             return
         if self.user is None or not self.user.is_authenticated:

@@ -91,15 +91,20 @@ class ReplyStreamMixin:
         """``resume``: one read (access checked by the selector) answers a reply that ended for good with its
         ``done``, without joining its group. A reply still in flight (or ``interrupted``, which a late worker
         may still finish) joins its group first and is read again after the join, so a frame published in
-        between arrives live (the browser drops seqs it already has). Off Channels' shared database thread,
-        as a send: a flood of resumes on one socket does not queue behind every socket's database work
-        (docs/overhead.md)."""
+        between reaches this socket both live and in the replay: what the replay sent is remembered
+        (:class:`CaughtUp`) and :meth:`chat_frame` drops those live copies, as after a ``send``'s catch-up.
+        Off Channels' shared database thread, as a send: a flood of resumes on one socket does not queue
+        behind every socket's database work (docs/overhead.md)."""
         read = db_call(generations.reply_for_resume, thread_sensitive=False)
         message = await read(user=self.user, message_id=frame.message_id)
-        if message.is_active or message.status == message.Status.INTERRUPTED:
-            await self.watch(frame.message_id)
-            message = await read(user=self.user, message_id=frame.message_id)
-        await self.send_state(message, after_seq=frame.after_seq)
+        if not (message.is_active or message.status == message.Status.INTERRUPTED):
+            await self.send_state(message, after_seq=frame.after_seq)
+            return
+        await self.watch(frame.message_id)
+        message = await read(user=self.user, message_id=frame.message_id)
+        sent = await self.send_state(message, after_seq=frame.after_seq)
+        if sent is not None:
+            self.caught_up[frame.message_id] = sent
 
     async def watch_ticket(self, ticket: "generations.ReplyTicket"):
         """Follow the reply of an admitted ``send``/``regenerate``/``edit``/``continue``: join its group,

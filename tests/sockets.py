@@ -23,3 +23,13 @@ async def open_socket(cookie: str) -> WebsocketCommunicator:
     connected, _ = await communicator.connect()
     assert connected
     return communicator
+
+
+async def reply_frame(ws: WebsocketCommunicator, timeout: float = 1) -> dict:
+    """The next frame on ``ws`` past tab-sync ``conversation`` frames: the pub/sub channel layer hands a
+    group's message to the sockets in the group when the daphne receives it, so a tab that joined its
+    user's group a moment after a change may still get that change's frame (harmless: the page reloads its
+    sidebar entry)."""
+    while (frame := await ws.receive_json_from(timeout=timeout))["type"] == "conversation":
+        pass
+    return frame

@@ -115,8 +115,11 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
-# The list-based layer, or channels_redis.pubsub.RedisPubSubChannelLayer: docs/scale-out.md#socket-capacity
-CHANNEL_LAYER_BACKEND = env("CHANNEL_LAYER_BACKEND", default="channels_redis.core.RedisChannelLayer")
+# Redis pub/sub, not channels-redis' list-based layer: that one queues every socket of a daphne process in one
+# Redis sorted set drained one message per round trip, and past CHANNEL_LAYER_CAPACITY (per process, not per
+# socket) drops frames silently, a `done` included; at 200 streaming sockets on one daphne it lost 50-68 % of
+# the frames, pub/sub none (docs/scale-out.md#socket-capacity). CHANNEL_LAYER_CAPACITY applies to the list layer.
+CHANNEL_LAYER_BACKEND = env("CHANNEL_LAYER_BACKEND", default="channels_redis.pubsub.RedisPubSubChannelLayer")
 CHANNEL_LAYER_CAPACITY = env.int("CHANNEL_LAYER_CAPACITY", default=1000)
 _cap = {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": CHANNEL_LAYER_CAPACITY}
 CHANNEL_LAYERS = {"default": {"BACKEND": CHANNEL_LAYER_BACKEND, "CONFIG": {"hosts": [REDIS_URL], **_cap}}}

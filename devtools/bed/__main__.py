@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "exec":
         host = next(h for h in HOSTS if h.name == args.host)
         os.chdir(services.ROOT)
-        os.execvpe("ip", netns.in_ns(host, *args.cmd), app_env())
+        os.execvpe("ip", netns.in_ns(host, *args.cmd), app_env(host))
     return 0
 
 

@@ -16,6 +16,8 @@ from devtools.bed import netns
 from devtools.bed.topology import (
     AMQP_PORT,
     BED_DIR,
+    BROKER_DELAY_FILE,
+    BROKER_PROXY_PORT,
     CLIENT,
     DATA,
     GPU,
@@ -53,7 +55,7 @@ def start(name: str, host: Host, cmd: list[str], *, env: dict[str, str] | None =
     proc = subprocess.Popen(
         netns.in_ns(host, *cmd),
         cwd=ROOT,
-        env=env or app_env(),
+        env=env or app_env(host),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -220,6 +222,23 @@ def rabbitmq_up() -> None:
     wait_tcp(DATA, DATA.addr, AMQP_PORT, timeout=180, proc="rabbitmq")
 
 
+def broker_proxy_start(host: Host) -> None:
+    """The delay proxy between ``host`` and the broker (``devtools/bed/delay_proxy.py``), on the host's
+    loopback; no delay until :func:`broker_delay` sets one."""
+    name = f"broker-proxy-{host.name}"
+    start(name, host, [str(VENV_BIN / "python"), "-m", "devtools.bed.delay_proxy",
+                       "--listen", f"127.0.0.1:{BROKER_PROXY_PORT}", "--upstream", f"{DATA.addr}:{AMQP_PORT}",
+                       "--delay-file", str(BROKER_DELAY_FILE)])  # fmt: skip
+    wait_tcp(host, "127.0.0.1", BROKER_PROXY_PORT, proc=name)
+
+
+def broker_delay(ms: float) -> None:
+    """Delay every byte between the web/worker hosts and the broker by ``ms`` milliseconds each way (0:
+    none); the proxies follow within 0.2 s."""
+    BROKER_DELAY_FILE.write_text(f"{ms:g}")
+    time.sleep(0.5)
+
+
 # --- the product --------------------------------------------------------------------------------------
 
 
@@ -228,7 +247,7 @@ def manage(*args: str, host: Host = CLIENT) -> None:
     result = subprocess.run(
         netns.in_ns(host, str(VENV_BIN / "python"), "manage.py", *args),
         cwd=ROOT,
-        env=app_env(),
+        env=app_env(host),
         capture_output=True,
         text=True,
     )
@@ -248,30 +267,11 @@ def web_start(host: Host) -> None:
 def worker_start(host: Host) -> str:
     """A GPU worker (the Procfile's ``worker`` command, CPU here) on ``host``; returns its process name."""
     name = f"worker-{host.name}"
-    env = app_env()
-    start(
-        name,
-        host,
-        [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "chatsite",
-            "worker",
-            "--pool",
-            "threads",
-            "--concurrency",
-            env["WORKER_CONCURRENCY"],
-            "--prefetch-multiplier",
-            "1",
-            "-Q",
-            f"inference.{MODEL}",
-            "-n",
-            f"gpu@bed-{host.name}",
-            "--loglevel",
-            "INFO",
-        ],  # fmt: skip
-        env=env,
-    )
+    env = app_env(host)
+    start(name, host, [str(VENV_BIN / "celery"), "-A", "chatsite", "worker", "--pool", "threads",
+                        "--concurrency", env["WORKER_CONCURRENCY"], "--prefetch-multiplier", "1",
+                        "-Q", f"inference.{MODEL}", "-n", f"gpu@bed-{host.name}", "--loglevel", "INFO"],
+          env=env)  # fmt: skip
     return name
 
 
@@ -361,6 +361,9 @@ def bed_up() -> None:
     manage("migrate", "--noinput")
     manage("bootstrap")
     manage("collectstatic", "--noinput", "-v0")
+    BROKER_DELAY_FILE.write_text("0")
+    for host in (*WEB, *GPU):
+        broker_proxy_start(host)
     workers = [worker_start(h) for h in GPU]
     for host in WEB:
         web_start(host)

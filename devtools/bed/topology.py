@@ -38,6 +38,11 @@ WEB_PORT = 8000
 PG_PORT = 5432
 REDIS_PORT = 6379
 AMQP_PORT = 5672
+#: Where the web and worker hosts reach the broker: a delay proxy on their own loopback
+#: (``devtools/bed/delay_proxy.py``) forwarding to the data host; it adds the delay written in
+#: ``BROKER_DELAY_FILE`` (ms, none by default), which the slow-broker drill switches on.
+BROKER_PROXY_PORT = 5673
+BROKER_DELAY_FILE = BED_DIR / "broker-delay-ms"
 HTTPS_PORT = 443
 SITE_HOST = "chatsite.bed"
 MODEL = os.environ.get("INFERENCE_DEFAULT_MODEL", "smollm2-135m-instruct")
@@ -48,9 +53,15 @@ def site_url() -> str:
     return f"https://{LB.addr}"
 
 
-def app_env() -> dict[str, str]:
-    """Environment of every product process on the bed (web, worker, manage.py): production settings
-    pointed at the data host. MODEL_CACHE_DIR comes from the caller's environment or its ``.env``."""
+def broker_via_proxy(host: Host | None) -> bool:
+    """Whether ``host`` reaches the broker through its delay proxy (the web and worker hosts)."""
+    return host in (*WEB, *GPU)
+
+
+def app_env(host: Host | None = None) -> dict[str, str]:
+    """Environment of every product process on ``host`` (web, worker, manage.py; None: the client host):
+    production settings pointed at the data host, the broker through the host's delay proxy where it has
+    one. MODEL_CACHE_DIR comes from the caller's environment or its ``.env``."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -65,7 +76,11 @@ def app_env() -> dict[str, str]:
         SECURE_HSTS_PRELOAD="false",
         DATABASE_URL=f"postgres://postgres@{DATA.addr}:{PG_PORT}/chatsite",
         REDIS_URL=f"redis://{DATA.addr}:{REDIS_PORT}/0",
-        CELERY_BROKER_URL=f"amqp://guest:guest@{DATA.addr}:{AMQP_PORT}//",
+        CELERY_BROKER_URL=(
+            f"amqp://guest:guest@127.0.0.1:{BROKER_PROXY_PORT}//"
+            if broker_via_proxy(host)
+            else f"amqp://guest:guest@{DATA.addr}:{AMQP_PORT}//"
+        ),
         METRICS_ALLOWED_NETWORKS=f"{SUBNET}.0/24,127.0.0.0/8",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

@@ -1,9 +1,11 @@
 """Socket capacity of the web tier on the multi-host bed: ``idle`` chat sockets that only stay open plus
 ``streaming`` sockets each watching a reply whose token frames are published the way a worker publishes
 them (``events.broadcast.publish``: replay stream + channel-layer group send), at ``rate`` tokens/s per
-reply. Reports what the daphne processes hold (RSS, CPU), the frame delay from publish to client (p50/p99,
-measured in this one process: publisher thread and client share a clock, and the figure includes this
-client's own scheduling delay, so it is an upper bound), and refusals, errors and drops.
+reply. Reports what the daphne processes hold (RSS, CPU), the frame delay from publish to client (p50/p99:
+the publisher and the client processes share the machine's monotonic clock; the figure includes the
+clients' own scheduling delay on this machine, so it is an upper bound), and refusals, errors and drops.
+The sockets are read by ``clients`` processes (``devtools/drills/capacity_reader.py``) and the frames
+published by one more (``devtools/drills/capacity_publisher.py``).
 
 The replies are real rows (``streaming`` assistant messages in conversations of their own) and carry a
 lease refreshed here, so the workers' reapers leave them alone while they stream."""
@@ -20,7 +22,7 @@ from asgiref.sync import sync_to_async
 
 from devtools.bed import services
 from devtools.bed.topology import LB, WEB, WEB_PORT
-from devtools.drills.client import Socket, drill_users
+from devtools.drills.client import drill_users
 from events import broadcast
 
 
@@ -37,6 +39,7 @@ class CapacityResult:
     frames_received: int = 0
     delays_ms: list[float] = field(default_factory=list)
     daphne: dict[str, dict[str, float]] = field(default_factory=dict)
+    round_s: list[float] = field(default_factory=list)  # seconds each publishing round took
 
     def p(self, q: float) -> float:
         return statistics.quantiles(self.delays_ms, n=100)[q - 1] if len(self.delays_ms) > 1 else float("nan")
@@ -50,7 +53,8 @@ class CapacityResult:
             f"{self.target}: {self.opened}/{self.idle + self.streaming} sockets held ({self.idle} idle +"
             f" {self.streaming} streaming), refused {self.refused}, dropped {self.dropped}, error frames"
             f" {self.error_frames}; frames {self.frames_received}/{self.frames_expected}; publish->client delay"
-            f" p50 {self.p(50):.0f} ms, p99 {self.p(99):.0f} ms; {procs}"
+            f" p50 {self.p(50):.0f} ms, p99 {self.p(99):.0f} ms; {procs}; a publishing round took"
+            f" {statistics.median(self.round_s or [0]) * 1000:.0f} ms median, {max(self.round_s or [0]) * 1000:.0f} max"
         )
 
 
@@ -99,18 +103,9 @@ def _socket_count(pid: int) -> int:
     return count
 
 
-async def _open(url: str, origin: str, cookie: str, ssl_ctx) -> Socket:
-    import websockets
-
-    kwargs = {"ssl": ssl_ctx} if ssl_ctx else {}
-    ws = await websockets.connect(
-        url, additional_headers={"Cookie": cookie}, origin=origin, max_size=None, open_timeout=60, **kwargs
-    )
-    return Socket(ws)
-
-
-async def _publish_elsewhere(ids, *, tokens: int, rate: float, start: float, published: dict) -> None:
-    """Run :mod:`devtools.drills.capacity_publisher` in its own process; fill ``published``."""
+async def _publish_elsewhere(ids, *, tokens: int, rate: float, start: float, published: dict) -> list[float]:
+    """Run :mod:`devtools.drills.capacity_publisher` in its own process; fill ``published``; returns the
+    seconds each round of publishes (one token to every reply) took."""
     import json
     import sys
     import tempfile
@@ -125,25 +120,63 @@ async def _publish_elsewhere(ids, *, tokens: int, rate: float, start: float, pub
         )  # fmt: skip
         if await proc.wait() != 0:
             raise RuntimeError("the capacity publisher failed")
-        for key, at in json.loads(out_path.read_text()).items():
+        out = json.loads(out_path.read_text())
+        for key, at in out["published"].items():
             mid, seq = key.split(":")
             published[(int(mid), int(seq))] = at
+        return out["round_s"]
+
+
+def _split(items: list, parts: int) -> list[list]:
+    return [items[i::parts] for i in range(parts)]
+
+
+async def _start_readers(tmp, *, url: str, origin: str, tls: bool, cookies: list[str], idle: int,
+                         replies: list[tuple[int, int]], clients: int):  # fmt: skip
+    """Start ``clients`` reader processes sharing the sockets; wait until each has opened and resumed its
+    share. Returns ``(processes, config paths, out paths, stop path)``; RuntimeError if one exits early."""
+    import json
+    import sys
+
+    stop = tmp / "stop"
+    procs, readies, outs = [], [], []
+    idle_shares = [len(x) for x in _split(list(range(idle)), clients)]
+    for i, (share, watch) in enumerate(zip(idle_shares, _split(replies, clients), strict=True)):
+        cfg = {"url": url, "origin": origin, "tls": tls, "cookies": cookies, "idle": share,
+               "watch": [list(w) for w in watch], "ready": str(tmp / f"ready{i}"), "stop": str(stop)}  # fmt: skip
+        (tmp / f"cfg{i}.json").write_text(json.dumps(cfg))
+        readies.append(tmp / f"ready{i}")
+        outs.append(tmp / f"out{i}.json")
+        procs.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "devtools.drills.capacity_reader", str(tmp / f"cfg{i}.json"), str(outs[-1])))  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not all(r.exists() for r in readies):
+        if any(p.returncode is not None for p in procs) or time.monotonic() > deadline:
+            stop.touch()
+            raise RuntimeError("a capacity reader exited (or took 10 min) before opening its sockets")
+        await asyncio.sleep(0.5)
+    return procs, outs, stop
 
 
 async def run(
-    *, idle: int, streaming: int, through_lb: bool, tokens: int = 40, rate: float = 4.0
+    *, idle: int, streaming: int, through_lb: bool, tokens: int = 40, rate: float = 4.0, clients: int = 4
 ) -> CapacityResult:
-    """Open ``idle`` + ``streaming`` sockets on web1 directly (or through the load balancer), stream
-    ``tokens`` tokens at ``rate`` per second to each streaming socket's reply, and measure."""
-    import ssl
+    """Open ``idle`` + ``streaming`` sockets on web1 directly (or through the load balancer) from
+    ``clients`` processes, stream ``tokens`` tokens at ``rate`` per second to each streaming socket's
+    reply, and measure."""
+    import json
+    import tempfile
+    from pathlib import Path
 
     if through_lb:
-        url, origin = f"wss://{LB.addr}/ws/chat/", f"https://{LB.addr}"
-        ctx = ssl.create_default_context()
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        url, origin, tls = f"wss://{LB.addr}/ws/chat/", f"https://{LB.addr}", True
         webs = list(WEB)
     else:
-        url, origin, ctx = f"ws://{WEB[0].addr}:{WEB_PORT}/ws/chat/", f"http://{WEB[0].addr}:{WEB_PORT}", None
+        url, origin, tls = (
+            f"ws://{WEB[0].addr}:{WEB_PORT}/ws/chat/",
+            f"http://{WEB[0].addr}:{WEB_PORT}",
+            False,
+        )
         webs = [WEB[0]]
     result = CapacityResult("LB, 2 web nodes" if through_lb else "one daphne process", idle, streaming)
     cookies = await sync_to_async(drill_users)(50, max_reply_tokens=64, prefix="bed-cap")
@@ -161,69 +194,51 @@ async def run(
             stop_lease.wait(2)
 
     threading.Thread(target=hold_leases, daemon=True).start()
-    sockets: list[Socket] = []
-    sem = asyncio.Semaphore(40)
-
-    async def open_one(i: int) -> Socket | None:
-        async with sem:
-            try:
-                s = await _open(url, origin, cookies[i % len(cookies)], ctx)
-            except Exception:
-                result.refused += 1
-                return None
-            return s
-
-    idle_socks = [s for s in await asyncio.gather(*(open_one(i) for i in range(idle))) if s]
-    stream_socks = await asyncio.gather(*(open_one(u) for u, _ in replies))
-    watched = [(s, mid) for s, (_, mid) in zip(stream_socks, replies, strict=True) if s]
-    sockets = idle_socks + [s for s, _ in watched]
-    result.opened = len(sockets)
-    for s, mid in watched:
-        await s.send({"type": "resume", "message_id": mid, "after_seq": -1})
-    await asyncio.sleep(2)  # the resumes have joined their groups
-
     published: dict[tuple[int, int], float] = {}  # filled by the publisher process
-    received: dict[tuple[int, int], float] = {}
-
-    async def reader(s: Socket):
-        import websockets
-
-        try:
-            while True:
-                frame = await s.recv(timeout=3600)
-                if frame.get("type") == "token":
-                    received.setdefault((frame["message_id"], frame["seq"]), time.monotonic())
-                elif frame.get("type") == "error":
-                    result.error_frames += 1
-        except (websockets.ConnectionClosed, OSError):
-            result.dropped += 1
-        except asyncio.CancelledError:
-            pass
-
-    readers = [asyncio.create_task(reader(s)) for s in sockets]
-    pids = {f"daphne-{w.name}": services.pid_of(f"daphne-{w.name}") for w in webs}
-    before = {n: _proc_sample(p) for n, p in pids.items()}
-    t0 = time.monotonic()
-
-    await _publish_elsewhere(ids, tokens=tokens, rate=rate, start=t0 + 5, published=published)
-    await asyncio.sleep(3)
-    wall = time.monotonic() - t0
-    for name, pid in pids.items():
-        rss, cpu = _proc_sample(pid)
-        result.daphne[name] = {
-            "rss_mb": rss,
-            "cpu_pct": 100 * (cpu - before[name][1]) / wall,
-            "sockets": _socket_count(pid),
-        }
-    result.frames_expected = len(watched) * tokens
-    result.frames_received = sum(1 for k in received if k[0] in {mid for _, mid in watched})
+    try:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            procs, outs, stop = await _start_readers(
+                tmp,
+                url=url,
+                origin=origin,
+                tls=tls,
+                cookies=cookies,
+                idle=idle,
+                replies=replies,
+                clients=clients,
+            )
+            pids = {f"daphne-{w.name}": services.pid_of(f"daphne-{w.name}") for w in webs}
+            before = {n: _proc_sample(p) for n, p in pids.items()}
+            t0 = time.monotonic()
+            result.round_s = await _publish_elsewhere(
+                ids, tokens=tokens, rate=rate, start=t0 + 2, published=published
+            )
+            await asyncio.sleep(3)
+            wall = time.monotonic() - t0
+            for name, pid in pids.items():
+                rss, cpu = _proc_sample(pid)
+                result.daphne[name] = {
+                    "rss_mb": rss,
+                    "cpu_pct": 100 * (cpu - before[name][1]) / wall,
+                    "sockets": _socket_count(pid),
+                }
+            stop.touch()
+            for proc in procs:
+                await proc.wait()
+            received: dict[tuple[int, int], float] = {}
+            for out in outs:
+                got = json.loads(out.read_text())
+                for key in ("opened", "refused", "dropped", "error_frames"):
+                    setattr(result, key, getattr(result, key) + got[key])
+                for key, at in got["received"].items():
+                    mid, seq = key.split(":")
+                    received[(int(mid), int(seq))] = at
+    finally:
+        stop_lease.set()
+    result.frames_expected = len(ids) * tokens
+    result.frames_received = len(received)
     result.delays_ms = [1000 * (received[k] - published[k]) for k in received if k in published]
-    alive = sum(1 for s in sockets if s.ws.state.name == "OPEN")
-    result.dropped = max(result.dropped, len(sockets) - alive)
-    stop_lease.set()
-    for task in readers:
-        task.cancel()
-    await asyncio.gather(*(s.ws.close() for s in sockets), return_exceptions=True)
     await sync_to_async(_finish_replies)(ids)
     client = broadcast.redis_client()
     client.delete(*[broadcast.lease_key(m) for m in ids], *[broadcast.stream_key(m) for m in ids])

@@ -55,9 +55,19 @@ def worker_of_reply(message_id: int) -> str | None:
 
 
 def _rejoined_idle(name: str) -> bool:
-    """Whether bed worker ``name`` is ready in the fleet and owns no reply."""
+    """Whether bed worker ``name`` is ready in the fleet, owns no reply, and runs no reply task. The last
+    is asked over the broker (``inspect active``): a task thread that claimed its reply in the instant the
+    link was cut sits in a database read until TCP's retransmission back-off gives up (up to ~50 s after
+    a 60 s partition heals) before it takes the reply's lease, so the fleet's count does not show it yet,
+    and its reply would be judged while the reapers' ``interrupted`` is about to be replaced."""
+    from chatsite.celery import app
+
     pid = services.pid_of(name)
-    return any(w.pid == pid and w.ready and not w.active_replies for w in fleet.live_workers())
+    if not any(w.pid == pid and w.ready and not w.active_replies for w in fleet.live_workers()):
+        return False
+    node = f"gpu@bed-{name.removeprefix('worker-')}"
+    active = app.control.inspect(destination=[node], timeout=2).active() or {}
+    return node in active and not active[node]
 
 
 async def _stored(message_id: int) -> tuple[str, str]:
@@ -327,33 +337,40 @@ async def _ttft_round(socket: Socket, replies: int) -> tuple[list[float], list[i
     return ttfts, ids
 
 
-async def lossy_broker(*, loss: float = 0.02, replies: int = 6) -> DrillResult:
-    """The broker's link made lossy: a random ``loss`` fraction of the packets to and from RabbitMQ's port
-    dropped on the data host, the web hosts and the worker hosts (iptables' statistic match). Held when
-    every reply completes; the note gives the client-side TTFT (send -> first token), median [min-max],
-    without and with the loss. (Added delay needs the kernel's netem qdisc, which this machine's kernel
-    lacks: see docs/scale-out.md.)"""
+async def lossy_broker(*, loss: float = 0.02, delay_ms: float = 100, replies: int = 12) -> DrillResult:
+    """A slow, lossy broker link: every byte between the web/worker hosts and RabbitMQ ``delay_ms`` late
+    each way (the delay proxies of ``devtools/bed/delay_proxy.py``, this kernel having no netem) and a
+    random ``loss`` fraction of the packets to and from RabbitMQ's port dropped on the data, web and worker
+    hosts (iptables' statistic match). ``replies`` short replies in each condition, in alternating blocks
+    of 3 so that drift in the shared machine's load falls on both. Held when every reply completes; the
+    note gives the client-side TTFT (send -> first token), median [min-max], on the clean and the impaired
+    link, and the median cost."""
     import statistics
 
     from devtools.bed.topology import AMQP_PORT
 
-    result = DrillResult(f"broker link {loss:.0%} packet loss (bed)")
+    result = DrillResult(f"broker link {delay_ms:g} ms delay + {loss:.0%} packet loss (bed)")
     cookie = (await sync_to_async(drill_users)(1, max_reply_tokens=16, prefix="bed-lossy"))[0]
     socket = await open_socket(cookie)
-    rules = []
+    clean, impaired, ids = [], [], []
     try:
-        clean, ids_clean = await _ttft_round(socket, replies)
-        for host in (DATA, *WEB, *GPU):
-            rules.append((host, netns.lossy_port(host, AMQP_PORT, loss=loss)))
-        started = time.monotonic()
-        lossy, ids_lossy = await _ttft_round(socket, replies)
-        result.recovery_s.append(time.monotonic() - started)
+        while len(impaired) < replies:
+            block = min(3, replies - len(impaired))
+            ttfts, block_ids = await _ttft_round(socket, block)
+            clean += ttfts
+            rules = [(host, netns.lossy_port(host, AMQP_PORT, loss=loss)) for host in (DATA, *WEB, *GPU)]
+            await asyncio.to_thread(services.broker_delay, delay_ms)
+            try:
+                ttfts, more_ids = await _ttft_round(socket, block)
+            finally:
+                await asyncio.to_thread(services.broker_delay, 0)
+                for host, rule in rules:
+                    netns.unlossy(host, rule)
+            impaired += ttfts
+            ids += block_ids + more_ids
     finally:
-        for host, rule in rules:
-            netns.unlossy(host, rule)
         await socket.close()
-    result.trials = replies
-    ids = ids_clean + ids_lossy
+    result.trials = len(impaired)
     state, _ = await wait_settled(ids, timeout=60)
     result.stuck, result.lost = state.active, state.missing
     for mid in ids:
@@ -365,5 +382,9 @@ async def lossy_broker(*, loss: float = 0.02, replies: int = 6) -> DrillResult:
         values = sorted(values)
         return f"{statistics.median(values):.2f} [{values[0]:.2f}-{values[-1]:.2f}] s"
 
-    result.notes.append(f"TTFT without loss {fmt(clean)}, with {loss:.0%} loss {fmt(lossy)}")
+    cost = statistics.median(impaired) - statistics.median(clean)
+    result.notes.append(
+        f"client TTFT over {len(clean)} replies each: clean link {fmt(clean)}, impaired {fmt(impaired)};"
+        f" median cost {cost * 1000:.0f} ms"
+    )
     return result

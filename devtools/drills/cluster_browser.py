@@ -13,7 +13,14 @@ from devtools.bed import services
 from devtools.bed.topology import LB, WEB
 from devtools.drills.client import drill_users
 from devtools.drills.faults import LONG_PROMPT
+from devtools.drills.page_frames import PageFrames
 from devtools.drills.report import DrillResult
+
+#: The reply's length. It must still be streaming when the page's new socket resumes it (about 1 s after
+#: the kill): 320 tokens take 8-13 s on the bed's 1-thread CPU workers. A reply of 96 tokens (2-3 s here,
+#: about 1 s on a faster CPU) sometimes ended first; the page then got only ``done`` (and showed the whole
+#: stored reply), which the drill miscounted as missing tokens.
+REPLY_TOKENS = 320
 
 STREAMING_WITH_TEXT = """() => {
   const m = [...document.querySelectorAll('.message.assistant')].filter((e) => !e.hidden).pop();
@@ -36,55 +43,40 @@ def wait_lb(server: str, status: str, *, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-class TokenLog:
-    """Token frames the page received, on every socket it opened: ``(message_id, seq, text)`` in order."""
+def record_frames(page) -> PageFrames:
+    """Every server frame the page receives from now on, per socket it opens."""
+    import json
 
-    def __init__(self, page):
-        import json
+    log = PageFrames()
 
-        self.tokens: list[tuple[int, int, str]] = []
-        self.sockets = 0
+    def on_socket(ws):
+        number = log.socket_opened()
 
-        def on_socket(ws):
-            self.sockets += 1
+        def on_frame(payload):
+            try:
+                frame = json.loads(payload)
+            except (TypeError, ValueError):
+                return
+            if isinstance(frame, dict):
+                log.add(number, frame)
 
-            def on_frame(payload):
-                try:
-                    frame = json.loads(payload)
-                except (TypeError, ValueError):
-                    return
-                if frame.get("type") == "token":
-                    self.tokens.append((frame["message_id"], frame["seq"], frame["text"]))
+        ws.on("framereceived", on_frame)
 
-            ws.on("framereceived", on_frame)
-
-        page.on("websocket", on_socket)
-
-    def accepted(self, message_id: int) -> tuple[str, int, int]:
-        """What the page assembles (a token is taken only when its seq is the next one, as chat.js does):
-        ``(text, tokens taken, frames ignored as already seen)``."""
-        last, text, taken, dup = -1, [], 0, 0
-        for mid, seq, piece in self.tokens:
-            if mid != message_id:
-                continue
-            if seq <= last:
-                dup += 1
-            elif seq == last + 1:
-                text.append(piece)
-                last, taken = seq, taken + 1
-        return "".join(text), taken, dup
+    page.on("websocket", on_socket)
+    return log
 
 
 def web_kill(*, trials: int = 1) -> DrillResult:
     """SIGKILL the daphne holding a streaming page's socket. Held when the page reconnects through the load
-    balancer to the other node by itself, the tokens it took across both sockets are exactly the stored
-    reply (none missing, none twice), and the reply is stored ``completed``. Recovery: from the kill until
-    the page's socket is open again."""
+    balancer to the other node by itself and resumes the reply there while it still streams, the tokens it
+    took across both sockets are exactly the stored reply (none missing, none twice,
+    :meth:`PageFrames.take`), the page shows the stored text, and the reply is stored ``completed``.
+    Recovery: from the kill until the page's socket is open again."""
     from playwright.sync_api import sync_playwright
 
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # sync Playwright keeps a loop in this thread
     result = DrillResult("web node SIGKILL mid-stream, browser through the LB (bed)")
-    cookie = drill_users(1, max_reply_tokens=96, prefix="bed-web")[0]
+    cookie = drill_users(1, max_reply_tokens=REPLY_TOKENS, prefix="bed-web")[0]
     name, value = cookie.split("=", 1)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
@@ -101,7 +93,7 @@ def web_kill(*, trials: int = 1) -> DrillResult:
                                       "secure": True, "httpOnly": True}])  # fmt: skip
                 page = context.new_page()
                 page.set_default_timeout(60_000)
-                log = TokenLog(page)
+                log = record_frames(page)
                 page.goto("/chat/")
                 page.wait_for_selector("#connection-status[data-state=open]")
                 services.lb_command(f"set server web/{survivor.name} state ready")
@@ -126,18 +118,17 @@ def web_kill(*, trials: int = 1) -> DrillResult:
                     timeout=240_000,
                 )
                 stored = Message.objects.get(pk=message_id)
-                text, taken, dup = log.accepted(message_id)
+                take = log.take(message_id, stored_text=stored.content or "")
                 if stored.status != "completed":
                     result.failures.append(f"reply stored {stored.status}")
-                if text != stored.content:
-                    result.failures.append(
-                        f"page took {taken} tokens ({len(text)} chars) != stored {len(stored.content or '')} chars"
-                    )
-                if log.sockets < 2:
-                    result.failures.append("the page did not open a second socket")
+                result.failures.extend(take.failures)
+                shown = page.locator(f'.message.assistant[data-message-id="{message_id}"] .content')
+                if shown.get_attribute("data-raw") != stored.content:
+                    result.failures.append("the page does not show the stored reply")
                 result.notes.append(
-                    f"trial {trial + 1}: killed daphne-{victim.name}; {log.sockets} sockets, {taken} tokens taken,"
-                    f" {dup} replayed frames ignored; states {page.evaluate('window.connectionStates')}"
+                    f"trial {trial + 1}: killed daphne-{victim.name}; {log.sockets} sockets, {take.taken} tokens"
+                    f" taken ({take.later_tokens} on the later sockets), {take.ignored} frames ignored as"
+                    f" already seen; states {page.evaluate('window.connectionStates')}"
                 )
                 context.close()
                 services.web_start(victim)

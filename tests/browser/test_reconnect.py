@@ -1,5 +1,6 @@
-"""The chat page reconnects by itself: a real browser against a daphne and a Celery worker whose channel
-layer is a Redis server of this test's own, which the test restarts (with data loss) mid-stream."""
+"""The chat page rides out a Redis restart by itself: a real browser against a daphne and a Celery worker
+whose channel layer is a Redis server of this test's own, which the test restarts (with data loss)
+mid-stream; the reply in flight ends and the next message streams, without a reload."""
 
 import pytest
 from django.conf import settings
@@ -50,7 +51,7 @@ def send(page, text):
     page.press("#composer", "Enter")
 
 
-def test_page_reconnects_by_itself_after_redis_restarts_and_the_next_message_streams(
+def test_page_rides_out_a_redis_restart_and_the_next_message_streams(
     chromium, private_redis, private_model, drill_workers, make_user, tmp_path
 ):
     port, restart = private_redis
@@ -85,12 +86,10 @@ def test_page_reconnects_by_itself_after_redis_restarts_and_the_next_message_str
             in_flight = int(last_reply(page).get_attribute("data-message-id"))
             restart()
 
-            # The page notices, reconnects by itself (nobody reloads it) and the reply in flight ends.
-            page.wait_for_function(
-                "() => window.connectionStates.some((s) => s !== 'open')"
-                " && document.querySelector('#connection-status').dataset.state === 'open'",
-                timeout=60_000,
-            )
+            # The reply in flight ends, nobody reloading the page: with the pub/sub channel layer the socket
+            # outlives the restart (redis-py reconnects and subscribes again) and the page asks for the
+            # tokens it missed (a gap in seq -> resume); with the list-based layer the socket drops and the
+            # page reconnects by itself.
             page.wait_for_function(
                 'id => { const m = document.querySelector(`.message.assistant[data-message-id="${id}"]`);'
                 " return m && ['completed', 'interrupted'].includes(m.dataset.status); }",
@@ -112,7 +111,7 @@ def test_page_reconnects_by_itself_after_redis_restarts_and_the_next_message_str
             shown = last_reply(page).locator(".content").inner_text()
             assert shown.split()[:3] == after.content.split()[:3]
             states = page.evaluate("window.connectionStates")
-            assert states[0] == "open" and "reconnecting" in states and states[-1] == "open", states
+            assert states[0] == "open" and states[-1] == "open", states
             page.screenshot(path=str(tmp_path / "reconnected.png"), full_page=True)
         except Exception as exc:
             logs = {"worker": worker.log_path, "daphne": tmp_path / "daphne.log"}

@@ -103,11 +103,25 @@ async def _read_all(chunks) -> bytes:
     return b"".join([chunk async for chunk in chunks])
 
 
-def test_streamed_chunks_name_the_answering_model(client, key, two_models, answering, redis_clean):
+def test_streamed_chunks_name_the_answering_model(async_client, key, two_models, answering, redis_clean):
     publish_worker(fake_worker("small", index=1))  # "big" has no worker: the tier is served by "small"
-    response = post(client, key, {"model": "big", "messages": HELLO, "stream": True})
-    assert response.status_code == 200
-    events = async_to_sync(_read_all)(response.streaming_content).decode()
+
+    async def stream() -> tuple[int, bytes]:
+        # The request and its streamed body on one event loop, as under daphne: the pub/sub channel layer
+        # keeps a socket's subscriptions per loop (Django's sync test client would read on another one).
+        response = await async_client.post(
+            "/v1/chat/completions",
+            json.dumps({"model": "big", "messages": HELLO, "stream": True}),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        if not response.streaming:
+            return response.status_code, response.content
+        return response.status_code, await _read_all(response.streaming_content)
+
+    status, body = async_to_sync(stream)()
+    assert status == 200
+    events = body.decode()
     datas = [line.removeprefix("data: ") for line in events.splitlines() if line.startswith("data: ")]
     assert datas[-1] == "[DONE]"
     assert {json.loads(data)["model"] for data in datas[:-1]} == {"small"}

@@ -12,7 +12,7 @@ from django.utils import timezone
 from conversations import generation_worker, generations
 from conversations.models import Message
 from events import broadcast
-from tests.sockets import connect, open_socket
+from tests.sockets import connect, open_socket, reply_frame
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -78,14 +78,14 @@ async def test_published_tokens_reach_every_watching_tab_in_order(session_cookie
     message_id = (await tab1.receive_json_from())["message_id"]
     tab2 = await open_socket(session_cookie)
     await tab2.send_json_to({"type": "resume", "message_id": message_id, "after_seq": -1})
-    queued_again = await tab2.receive_json_from()
+    queued_again = await reply_frame(tab2)
     assert queued_again["type"] == "queued" and queued_again["message_id"] == message_id
     for seq, text in enumerate(["Hel", "lo", " 🌍"]):
         await sync_to_async(broadcast.publish)(
             message_id, broadcast.frame_token(message_id=message_id, seq=seq, text=text)
         )
     for tab in (tab1, tab2):
-        frames = [await tab.receive_json_from() for _ in range(3)]
+        frames = [await reply_frame(tab) for _ in range(3)]
         assert [f["seq"] for f in frames] == [0, 1, 2]
         assert "".join(f["text"] for f in frames) == "Hello 🌍"
     await tab1.disconnect()
@@ -104,13 +104,13 @@ async def test_resume_replays_missed_tokens_then_continues_live(session_cookie, 
         )
     ws = await open_socket(session_cookie)
     await ws.send_json_to({"type": "resume", "message_id": message_id, "after_seq": 0})
-    assert (await ws.receive_json_from())["type"] == "started"
-    replayed = [await ws.receive_json_from() for _ in range(2)]
+    assert (await reply_frame(ws))["type"] == "started"
+    replayed = [await reply_frame(ws) for _ in range(2)]
     assert [(f["seq"], f["text"]) for f in replayed] == [(1, "b"), (2, "c")]
     await sync_to_async(broadcast.publish)(
         message_id, broadcast.frame_token(message_id=message_id, seq=3, text="d")
     )
-    assert (await ws.receive_json_from())["seq"] == 3
+    assert (await reply_frame(ws))["seq"] == 3
     await ws.disconnect()
 
 

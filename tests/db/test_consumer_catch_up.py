@@ -164,6 +164,33 @@ async def test_live_frames_the_catch_up_covered_are_not_sent_twice(
     await ws.disconnect()
 
 
+async def test_a_resume_mid_stream_sends_each_token_once(
+    session_cookie, alice, worker_right_after_join, redis_clean
+):
+    """A page whose web node died reconnects to another node and resumes after the last seq it took; tokens
+    the worker publishes between the join and the replay's read reach the new socket in the replay, and
+    their live copies are dropped (the page would ignore them, but a thousand sockets resuming at once
+    would each get them twice)."""
+    ticket = await database_sync_to_async(generations.reply_request)(
+        user=alice, conversation_id=None, content="Hi"
+    )
+    message_id = ticket.message.id
+    # The page took seq 0 on the dead node.
+    await database_sync_to_async(worker_streams)(message_id, ["a", "b"])
+    worker_right_after_join(lambda mid: worker_streams(mid, ["c", "d"], first_seq=2))
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "resume", "message_id": message_id, "after_seq": 0})
+    frames = await receive_all(ws, 4)
+    assert shape(frames) == [("started", None, None), ("token", 1, "b"), ("token", 2, "c"), ("token", 3, "d")]
+    await database_sync_to_async(worker_streams)(message_id, ["e"], first_seq=4)
+    await database_sync_to_async(worker_finishes)(message_id, "abcde")
+    token, done = await receive_all(ws, 2)
+    assert (token["type"], token["seq"]) == ("token", 4)
+    assert (done["type"], done["content"]) == ("done", "abcde")
+    assert await ws.receive_nothing(timeout=0.3)
+    await ws.disconnect()
+
+
 async def test_a_reply_finished_before_the_catch_up_ends_with_one_done(
     session_cookie, worker_right_after_join, redis_clean
 ):

@@ -17,7 +17,7 @@ from django.test import Client
 from conversations import generation_worker, generations
 from conversations.models import Conversation, Message
 from devtools.drills.hostile import hostile_frames
-from tests.sockets import open_socket
+from tests.sockets import open_socket, reply_frame
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -119,7 +119,7 @@ async def test_resent_send_with_the_same_client_id_returns_the_stored_ticket(ali
     await ws.disconnect()  # the network drops before the page saw the answer; it resends on a new socket
     ws = await open_socket(cookie)
     await ws.send_json_to(frame)
-    again = await ws.receive_json_from(timeout=5)
+    again = await reply_frame(ws, timeout=5)
     assert again["type"] == "queued"
     for key in ("conversation_id", "message_id", "user_message_id"):
         assert again[key] == first[key]
@@ -130,10 +130,10 @@ async def test_resent_send_with_the_same_client_id_returns_the_stored_ticket(ali
     await database_sync_to_async(generation_worker.generation_finish)(
         message=reply, status="completed", text="answer", finish_reason="stop"
     )
-    assert (await ws.receive_json_from(timeout=5))["type"] == "done"  # live: this socket watches the reply
+    assert (await reply_frame(ws, timeout=5))["type"] == "done"  # live: this socket watches the reply
     await ws.send_json_to(frame)
-    assert (await ws.receive_json_from(timeout=5))["message_id"] == first["message_id"]
-    done = await ws.receive_json_from(timeout=5)
+    assert (await reply_frame(ws, timeout=5))["message_id"] == first["message_id"]
+    done = await reply_frame(ws, timeout=5)
     assert (done["type"], done["content"]) == ("done", "answer")
     # A new id in the same conversation is a new message.
     await ws.send_json_to(

@@ -4,7 +4,7 @@ file that fails leaving nothing indexed, retrieval scoped to the asking user's c
 the page, and deletes that take chunks and vectors along."""
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.urls import reverse
 
@@ -99,26 +99,32 @@ def test_progress_frames_go_to_the_owners_tabs(
     alice, embedder, redis_clean, django_capture_on_commit_callbacks
 ):
     layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)("test.")
-    async_to_sync(layer.group_add)(broadcast.user_group(alice.pk), channel)
-    chat = services.conversation_create(owner=alice, title="Trip")
-    with django_capture_on_commit_callbacks(execute=True):
-        document = document_add(user=alice, conversation=chat, name="trip.pdf", data=make_pdf([LONG, FERRY]))
-    with django_capture_on_commit_callbacks(execute=True):
-        document_process(document_id=document.id, encode=embedder.encode)
-    frames = []
 
-    async def drain():
+    def upload_and_process():
+        chat = services.conversation_create(owner=alice, title="Trip")
+        with django_capture_on_commit_callbacks(execute=True):
+            document = document_add(
+                user=alice, conversation=chat, name="trip.pdf", data=make_pdf([LONG, FERRY])
+            )
+        with django_capture_on_commit_callbacks(execute=True):
+            document_process(document_id=document.id, encode=embedder.encode)
+
+    async def listen_while_processing() -> list[dict]:
+        # One event loop throughout, as a daphne process has: the pub/sub channel layer subscribes per loop.
         import asyncio
 
+        channel = await layer.new_channel("test.")
+        await layer.group_add(broadcast.user_group(alice.pk), channel)
+        await sync_to_async(upload_and_process)()
+        frames = []
         while True:
             try:
                 async with asyncio.timeout(0.5):
                     frames.append((await layer.receive(channel))["frame"])
             except TimeoutError:
-                return
+                return frames
 
-    async_to_sync(drain)()
+    frames = async_to_sync(listen_while_processing)()
     states = [(f["document"]["status"], f["document"]["stage"]) for f in frames if f["type"] == "document"]
     assert states[0] == ("processing", "queued")  # the upload's own frame
     assert ("processing", "extracting") in states and ("processing", "embedding") in states

@@ -19,6 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--rate", type=float, default=4.0, help="tokens/s per streaming reply")
         parser.add_argument("--lb", action="store_true", help="through the load balancer to both web nodes")
         parser.add_argument("--rounds", type=int, default=1)
+        parser.add_argument("--clients", type=int, default=4, help="client processes reading the sockets")
 
     def handle(self, *args, **o):
         for r in range(o["rounds"]):
@@ -29,6 +30,7 @@ class Command(BaseCommand):
                     through_lb=o["lb"],
                     tokens=o["tokens"],
                     rate=o["rate"],
+                    clients=o["clients"],
                 )
             )
             self.stdout.write(f"round {r + 1}: {result.text()}")
