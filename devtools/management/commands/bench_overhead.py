@@ -195,24 +195,10 @@ class Command(BaseCommand):
         from accounts.models import User
         from accounts.sessions import session_cookie_for
         from api.services import api_key_create
-        from billing.models import Tier
+        from devtools.bench_tiers import bench_tier
 
-        paid = Tier.objects.get(name="paid")
-        common = dict(
-            model_name=paid.model_name,
-            requests_per_minute=100_000,
-            tokens_per_day=1_000_000_000,
-            max_reply_tokens=max_tokens,
-            max_context_tokens=paid.max_context_tokens,
-            queue_priority=paid.queue_priority,
-            max_concurrent_generations=64,
-        )
-        tier, _ = Tier.objects.update_or_create(
-            name=TIER, defaults=dict(display_name="Overhead bench", admit_max_wait_s=3600, **common)
-        )
-        refused, _ = Tier.objects.update_or_create(
-            name=REFUSED_TIER, defaults=dict(display_name="Refused", admit_max_wait_s=-1, **common)
-        )
+        tier = bench_tier(TIER, display_name="Overhead bench", max_tokens=max_tokens)
+        refused = bench_tier(REFUSED_TIER, display_name="Refused", max_tokens=max_tokens, admit_max_wait_s=-1)
 
         def user(name, t):
             u, _ = User.objects.get_or_create(username=name, defaults={"tier": t})

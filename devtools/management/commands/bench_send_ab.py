@@ -118,26 +118,12 @@ class Command(BaseCommand):
         from accounts.sessions import session_cookie_for
         from api.models import ApiKey
         from api.services import api_key_create
-        from billing.models import Tier
         from conversations.models import Conversation
+        from devtools.bench_tiers import bench_tier
 
         origins = [o.rstrip("/") for o in origins.split(",")]
         urls = [o.replace("http", "ws", 1) + "/ws/chat/" for o in origins]
-        paid = Tier.objects.get(name="paid")
-        tier, _ = Tier.objects.update_or_create(
-            name=TIER,
-            defaults=dict(
-                display_name="Send A/B bench",
-                model_name=paid.model_name,
-                admit_max_wait_s=3600,
-                requests_per_minute=100_000,
-                tokens_per_day=1_000_000_000,
-                max_reply_tokens=max_tokens,
-                max_context_tokens=paid.max_context_tokens,
-                queue_priority=paid.queue_priority,
-                max_concurrent_generations=64,
-            ),
-        )
+        tier = bench_tier(TIER, display_name="Send A/B bench", max_tokens=max_tokens)
         users = [
             User.objects.get_or_create(username=f"{TIER}-{i}", defaults={"tier": tier})[0] for i in origins
         ]
