@@ -356,18 +356,30 @@ def _snapshot():
     )
 
 
+#: Seconds of silence on an open socket after which a follower asks for the rest of its reply (the page's
+#: ``STALL_MS`` in static/chat/chat.js).
+STALL_S = 8.0
+
+
 async def follow_until_done(
     socket: Socket, *, url: str, origin: str, cookie: str, message_id: int, timeout: float
 ):
     """Follow a reply as the page does: on a dropped socket, reconnect (retrying) and ``resume`` from the last
-    ``seq`` seen. Returns (its ``done`` frame or None, reconnects made)."""
+    ``seq`` seen; on an open socket silent for ``STALL_S`` (frames lost while the channel layer's Redis
+    restarted), ``resume`` on it. Returns (its ``done`` frame or None, reconnects made)."""
     import websockets
 
     deadline = time.monotonic() + timeout
     last_seq, reconnects = -1, 0
     while time.monotonic() < deadline:
         try:
-            frame = await socket.recv(timeout=max(0.05, deadline - time.monotonic()))
+            try:
+                frame = await socket.recv(timeout=max(0.05, min(STALL_S, deadline - time.monotonic())))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                await socket.send({"type": "resume", "message_id": message_id, "after_seq": last_seq})
+                continue
             if frame["type"] == "token" and frame["message_id"] == message_id:
                 last_seq = max(last_seq, frame["seq"])
             if frame["type"] == "done" and frame["message_id"] == message_id:

@@ -214,8 +214,17 @@
     const content = $('.content', el);
     content.setAttribute('aria-live', 'polite');
     content.setAttribute('aria-busy', 'true');
-    state.active = { id, el, text: '', lastSeq: -1, resyncing: false, stopping: false };
+    state.active = { id, el, text: '', lastSeq: -1, resyncing: false, stopping: false, heardAt: Date.now() };
   }
+  // A streaming reply silent for STALL_MS asks for what follows its last seq: frames published while the
+  // channel layer's Redis restarted are lost on a socket that stayed open (the tail and `done` included).
+  const STALL_MS = 8000;
+  setInterval(() => {
+    const a = state.active;
+    if (!a || a.el.dataset.status !== 'streaming' || Date.now() - a.heardAt < STALL_MS) return;
+    a.heardAt = Date.now();
+    socket.send({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
+  }, 2000);
 
   function endActive() { state.active = null; setQueueStatus(''); }
 
@@ -386,7 +395,10 @@
   // ---------- Wiring ----------
   const socket = new Chat.Socket(cfg.wsPath, {
     status: setConn,
-    frame: (m) => { if (Object.hasOwn(handlers, m.type)) handlers[m.type](m); },
+    frame: (m) => {
+      if (state.active && m.message_id === state.active.id) state.active.heardAt = Date.now();
+      if (Object.hasOwn(handlers, m.type)) handlers[m.type](m);
+    },
     open() {
       if (state.unavailableBanner) { hideBanner(); state.unavailableBanner = false; }
       const a = state.active;
