@@ -38,15 +38,75 @@ def loaded_libgomp_paths() -> list[str]:
         return []
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _libgomp_of(library: str) -> str | None:
+    """Path of the shared object that defines ``omp_get_max_threads`` for ``library`` (already loaded): the
+    OpenMP runtime that library's own calls resolve to (``dlsym`` on its handle searches it and its
+    dependencies, ``dladdr`` names the object the symbol lives in). ``None`` when that cannot be told."""
+    try:
+        handle = ctypes.CDLL(library, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        address = ctypes.cast(handle.omp_get_max_threads, ctypes.c_void_p)
+        info = _DlInfo()
+        if not ctypes.CDLL(None).dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+            return None
+        return os.path.realpath(info.dli_fname.decode())
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def torch_libgomp_path() -> str | None:
+    """The libgomp torch's own kernels run on, of those this process has loaded (``None``: none is).
+
+    Other wheels bring their own copy (scikit-learn's ``scikit_learn.libs/libgomp-<hash>.so``, loaded when the
+    safety guard chain's classifier is imported), and the first path in sorted order may be theirs. The
+    native kernels must link the runtime torch uses: with two runtimes in one process each keeps its own
+    pool of spinning workers, so the kernels' parallel regions and torch's fight over the 2 cores (measured
+    on the Zen 4 box: batch-1 decode at ~24 ms per token instead of ~11, ``docs/overhead.md``). Asks the
+    dynamic linker which object serves ``libtorch_cpu``'s OpenMP calls; failing that, prefers a copy inside
+    torch's package, then the first loaded."""
+    paths = loaded_libgomp_paths()
+    if len(paths) <= 1:
+        return paths[0] if paths else None
+    try:
+        import torch
+
+        torch_dir = os.path.dirname(os.path.realpath(torch.__file__))
+    except ImportError:
+        return paths[0]
+    real = {os.path.realpath(p): p for p in paths}
+    lib_dir = os.path.join(torch_dir, "lib")
+    torch_cpu = (
+        sorted(n for n in os.listdir(lib_dir) if n.startswith("libtorch_cpu.so"))
+        if os.path.isdir(lib_dir)
+        else []
+    )
+    if torch_cpu:
+        resolved = _libgomp_of(os.path.join(lib_dir, torch_cpu[0]))
+        if resolved in real:
+            return real[resolved]
+    inside = [
+        p for p in paths if os.path.realpath(p).startswith((torch_dir + os.sep, torch_dir + ".libs" + os.sep))
+    ]
+    return (inside or paths)[0]
+
+
 def _libgomp() -> ctypes.CDLL | None:
-    for path in loaded_libgomp_paths():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if hasattr(lib, "omp_pause_resource_all"):
-            return lib
-    return None
+    path = torch_libgomp_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    return lib if hasattr(lib, "omp_pause_resource_all") else None
 
 
 def release_calling_thread_openmp_pool() -> bool:

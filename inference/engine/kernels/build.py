@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from ..threads import loaded_libgomp_paths
+from ..threads import torch_libgomp_path
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +194,8 @@ def library() -> ctypes.CDLL | None:
     had (not Linux, no libgomp in the process, no compiler, a failed build)."""
     if not sys.platform.startswith("linux"):
         return None
-    paths = loaded_libgomp_paths()
-    gomp = Path(paths[0]) if paths else None
+    path = torch_libgomp_path()  # torch's runtime, not another wheel's copy (threads.py)
+    gomp = Path(path) if path else None
     if gomp is None:
         logger.warning("native kernels off: this process has no libgomp loaded (torch uses another runtime)")
         return None

@@ -235,3 +235,30 @@ def test_a_build_from_scratch_compiles_every_source_and_caches_one_object(tmp_pa
     stamp = built.stat().st_mtime_ns
     assert kernels.build.build(kernels.build.SOURCES, gomp, tmp_path) == built  # cached: the same object
     assert built.stat().st_mtime_ns == stamp  # not rebuilt
+
+
+def test_the_kernels_link_torchs_openmp_runtime_when_another_wheels_copy_loaded_first():
+    # The GPU worker loads the safety guard chain (scikit-learn, which vendors its own libgomp) before the
+    # engine: the kernels once linked that copy, the first in sorted order, and every decode step then ran
+    # two OpenMP runtimes' spinning pools on 2 cores (24 ms per token instead of 11, docs/overhead.md).
+    import subprocess
+    import sys
+
+    script = """
+import sklearn.utils._openmp_helpers  # scikit-learn's own libgomp, loaded first as in the worker
+import torch
+from inference.engine.kernels import build
+from inference.engine.threads import _libgomp_of, loaded_libgomp_paths, torch_libgomp_path
+import os
+torch.ones(8).sum()
+paths = loaded_libgomp_paths()
+assert len(paths) == 2 and "scikit_learn" in paths[0], paths
+lib = build.library()
+assert lib is not None
+torch_dir = os.path.dirname(os.path.realpath(torch.__file__))
+print(os.path.realpath(torch_libgomp_path()).startswith(torch_dir))
+print(_libgomp_of(lib._name) == os.path.realpath(torch_libgomp_path()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
