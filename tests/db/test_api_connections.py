@@ -1,0 +1,85 @@
+"""A streamed ``/v1/chat/completions`` gives its database connection back once the reply is stored, not
+when the stream ends: with psycopg's pool (``DB_POOL_MAX_SIZE`` 16) a connection held for a stream's whole
+length kept the 17th concurrent client waiting for one before its key was checked (docs/overhead.md). Tests
+run without the pool, so a connection still held is a PostgreSQL backend still open. Django's real ASGI
+handler, real database, Redis and broker; no worker, so the reply stays ``queued`` until the client leaves."""
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from api.services import api_key_create
+from conversations.models import Message
+from database.connections import closes_connections
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@closes_connections
+def backends() -> int:
+    """Client backends open on the test database, this probe's own excluded."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+@closes_connections
+def statuses() -> list[str]:
+    return list(Message.objects.filter(role="assistant").values_list("status", flat=True))
+
+
+async def test_a_streamed_completion_holds_no_database_connection_while_it_streams(alice, redis_clean):
+    from django.core.handlers.asgi import ASGIHandler
+
+    key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
+    payload = json.dumps(
+        {
+            "model": "smollm2-135m-instruct",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "store": True,
+        }
+    ).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"authorization", f"Bearer {key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    before = await sync_to_async(backends, thread_sensitive=False)()
+    inbox: asyncio.Queue = asyncio.Queue()
+    inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
+    seen: dict = {}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            # The reply is queued and the stream open: count while it streams, then leave.
+            seen["status"] = message["status"]
+            seen["during"] = await sync_to_async(backends, thread_sensitive=False)()
+            seen["replies"] = await sync_to_async(statuses, thread_sensitive=False)()
+            inbox.put_nowait({"type": "http.disconnect"})
+
+    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
+    assert seen["status"] == 200 and seen["replies"] == ["queued"]
+    assert seen["during"] == before
+    assert await sync_to_async(statuses, thread_sensitive=False)() == ["cancelled"]
