@@ -8,11 +8,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from django.conf import settings
+from django.db.models import Exists, Q
+
 from conversations import branches
 from conversations.context import AssembledContext, ContextTooLong, assemble_context
-from conversations.models import Message
+from conversations.models import Conversation, Message
+from documents.models import Document
 from memory import query as memory_query
 from memory import services as memory_services
+from memory.models import AccountMemory, Chunk, ConversationMemory
 from memory.recall import memory_context
 from memory.selectors import recalls_for_replies
 
@@ -79,10 +84,35 @@ def context_with_memory(
 
 def question_prefetch(*, reply: Message, question: str) -> None:
     """When ``reply`` is queued: have its question embedded already, so recall costs no round trip before
-    prefill (``memory.query.question_prefetch``). Skipped where recall will not run."""
+    prefill (``memory.query.question_prefetch``). Skipped where nothing would read the vector: a tier
+    without memory, an empty question, or a conversation where neither recall nor a file's passages can
+    use it (:func:`question_vector_wanted`, one round trip)."""
     conversation = reply.conversation
-    if conversation.stored and conversation.owner.tier.memory_budget_tokens > 0 and question.strip():
+    if not (conversation.stored and conversation.owner.tier.memory_budget_tokens > 0 and question.strip()):
+        return
+    if question_vector_wanted(user_id=conversation.owner_id, conversation_id=conversation.id):
         memory_query.question_prefetch(reply_id=reply.id, text=question)
+
+
+def question_vector_wanted(*, user_id: int, conversation_id: int) -> bool:
+    """Whether a reply in ``conversation_id`` will read its question's vector: the conversation has a
+    ready file (documents retrieval), or memory is on (site, account, conversation) and the user has an
+    embedded turn to recall (``memory.recall``). One SQL query. Turns inside the reply's window still count
+    here (recall excludes them later), so this errs towards embedding."""
+    wanted = Q(Exists(Document.objects.filter(conversation_id=conversation_id, status=Document.Status.READY)))
+    if settings.MEMORY_ENABLED:
+        wanted |= (
+            Q(
+                Exists(
+                    Chunk.objects.filter(
+                        user_id=user_id, source_kind=Chunk.Source.TURN, embedding__isnull=False
+                    )
+                )
+            )
+            & ~Q(Exists(AccountMemory.objects.filter(user_id=user_id, enabled=False)))
+            & ~Q(Exists(ConversationMemory.objects.filter(conversation_id=conversation_id, enabled=False)))
+        )
+    return Conversation.objects.filter(pk=conversation_id).filter(wanted).exists()
 
 
 def turn_remember(*, message: Message) -> None:

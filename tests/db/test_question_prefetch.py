@@ -1,0 +1,93 @@
+"""The question's vector is prefetched for a queued reply only where something will read it: recall (memory
+on and an embedded turn to recall) or a conversation's ready file. Each prefetch is a model call on the
+embeddings worker, which shares the CPU with the engine (docs/overhead.md). Real database, Redis and broker."""
+
+import numpy as np
+import pytest
+
+from billing.models import Tier
+from conversations import generations
+from conversations.models import Conversation, Message
+from memory.models import AccountMemory, Chunk, ConversationMemory
+from tests.conftest import broker_take
+
+pytestmark = pytest.mark.django_db
+
+QUERY_QUEUE = "embeddings.query"
+
+
+@pytest.fixture
+def asker(alice, redis_clean, django_capture_on_commit_callbacks):
+    """``ask(text, conversation_id=None)``: a send by alice (commit callbacks run); returns the questions the
+    embeddings worker was asked to embed for it, and the reply."""
+    Tier.objects.filter(pk=alice.tier_id).update(memory_budget_tokens=512)
+    alice.refresh_from_db()
+    broker_take(QUERY_QUEUE)
+
+    def ask(text: str, conversation_id=None):
+        with django_capture_on_commit_callbacks(execute=True):
+            ticket = generations.reply_request(user=alice, conversation_id=conversation_id, content=text)
+        Message.objects.filter(pk=ticket.message.pk).update(status=Message.Status.COMPLETED)
+        return [args[1] for args, _priority in broker_take(QUERY_QUEUE)], ticket.message
+
+    return ask
+
+
+def embedded_turn(user) -> Chunk:
+    conversation = Conversation.objects.create(owner=user, title="Old")
+    question = Message.objects.create(conversation=conversation, role="user", content="My cat is Tom.")
+    reply = Message.objects.create(
+        conversation=conversation, role="assistant", content="Noted.", parent=question
+    )
+    vector = np.ones(384, dtype="<f2") / np.sqrt(384)
+    return Chunk.objects.create(
+        user=user,
+        source_kind=Chunk.Source.TURN,
+        source_id=reply.pk,
+        conversation=conversation,
+        message=reply,
+        text="My cat is Tom. Noted.",
+        embedding=vector.astype("<f2").tobytes(),
+    )
+
+
+def test_no_prefetch_while_there_is_nothing_to_recall(alice, asker):
+    asked, _reply = asker("What is my cat called?")
+    assert asked == []
+
+
+def test_a_prefetch_once_the_user_has_an_embedded_turn(alice, asker):
+    embedded_turn(alice)
+    asked, _reply = asker("What is my cat called?")
+    assert asked == ["What is my cat called?"]
+
+
+def test_no_prefetch_with_memory_off_for_the_account_or_the_conversation(alice, asker):
+    embedded_turn(alice)
+    AccountMemory.objects.create(user=alice, enabled=False)
+    assert asker("What is my cat called?")[0] == []
+    AccountMemory.objects.filter(user=alice).update(enabled=True)
+    _asked, reply = asker("And my dog?")
+    assert _asked == ["And my dog?"]
+    ConversationMemory.objects.create(conversation_id=reply.conversation_id, enabled=False)
+    assert asker("And my fish?", conversation_id=reply.conversation_id)[0] == []
+
+
+def test_a_prefetch_for_a_conversation_with_a_ready_file(alice, asker):
+    from documents.models import Document
+
+    _asked, reply = asker("Hello")
+    assert _asked == []
+    Document.objects.create(
+        owner=alice,
+        conversation_id=reply.conversation_id,
+        name="notes.txt",
+        kind=Document.Kind.TEXT,
+        content_type="text/plain",
+        size_bytes=5,
+        sha256="0" * 64,
+        status=Document.Status.READY,
+    )
+    assert asker("What does the file say?", conversation_id=reply.conversation_id)[0] == [
+        "What does the file say?"
+    ]
