@@ -10,6 +10,12 @@ it) and tok/s; the stack's engine TTFT comes with each reply (``done`` frame, st
 measured per reply. Refusals: a user whose tier refuses every request at the load gate
 (``admit_max_wait_s`` -1) sends ``--refusals`` frames from a process of its own while the 32-client page wave
 runs. Flood: ``resume`` of a finished reply, 100 frames/s for 5 s on one socket.
+
+Memory: ``--memory off`` (the default) switches the bench users' memory off, so the stack renders the bare
+engine's prompts (one user turn in the chat template) and the goal rows compare the same prompts and
+lengths; ``--memory on`` leaves it on as a new account has it: each reply then also waits for recall and
+prefills the turns it recalled from the users' earlier waves (often 100-200 more prompt tokens), the
+feature's own cost.
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ class Command(BaseCommand):
         parser.add_argument("--flood-seconds", type=float, default=5.0)
         parser.add_argument("--skip-api", action="store_true")
         parser.add_argument(
+            "--memory",
+            choices=("off", "on"),
+            default="off",
+            help="the bench users' memory: off renders the bare engine's prompts; on adds recall's wait and "
+            "the recalled turns to every reply",
+        )
+        parser.add_argument(
             "--only",
             choices=("all", "refusals", "engine"),
             default="all",
@@ -86,7 +99,9 @@ class Command(BaseCommand):
         load_before = open("/proc/loadavg").read().split()[:3]
         if o["only"] != "all":
             return self.handle_only(o, levels, load_before)
-        cookies, refused_cookie, api_user, api_key, key = self.prepare(max(levels), o["max_tokens"])
+        cookies, refused_cookie, api_user, api_key, key = self.prepare(
+            max(levels), o["max_tokens"], o["memory"]
+        )
         engine = self.load_engine()
         from conversations.reply_runner import sampling_for
 
@@ -153,7 +168,7 @@ class Command(BaseCommand):
             ]
         else:
             top = max(levels)
-            cookies, refused_cookie, api_user, api_key, _ = self.prepare(top, o["max_tokens"])
+            cookies, refused_cookie, api_user, api_key, _ = self.prepare(top, o["max_tokens"], o["memory"])
             try:
                 asyncio.run(bench.page_wave(cookies[:1], self.ws_url, self.origin))
                 for _ in range(o["rounds"]):
@@ -180,7 +195,7 @@ class Command(BaseCommand):
                 rows.append((f"added TTFT, page path, {top} clients, p{q} ms", added))
         load_after = open("/proc/loadavg").read().split()[:3]
         w(
-            f"bench_overhead --only {o['only']}: {o['rounds']} rounds, levels {levels}; {os.cpu_count()} CPUs; "
+            f"bench_overhead --only {o['only']}: {o['rounds']} rounds, levels {levels}; memory {o['memory']}; {os.cpu_count()} CPUs; "
             f"load average before {' '.join(load_before)}, after {' '.join(load_after)}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         )
@@ -191,11 +206,12 @@ class Command(BaseCommand):
 
     # --- set-up ------------------------------------------------------------------------------------------------
 
-    def prepare(self, clients: int, max_tokens: int):
+    def prepare(self, clients: int, max_tokens: int, memory: str = "off"):
         from accounts.models import User
         from accounts.sessions import session_cookie_for
         from api.services import api_key_create
         from devtools.bench_tiers import bench_tier
+        from memory.models import AccountMemory
 
         tier = bench_tier(TIER, display_name="Overhead bench", max_tokens=max_tokens)
         refused = bench_tier(REFUSED_TIER, display_name="Refused", max_tokens=max_tokens, admit_max_wait_s=-1)
@@ -205,6 +221,7 @@ class Command(BaseCommand):
             if u.tier_id != t.id:
                 u.tier = t
                 u.save(update_fields=["tier"])
+            AccountMemory.objects.update_or_create(user=u, defaults={"enabled": memory == "on"})
             return u
 
         cookies = [session_cookie_for(user(f"{TIER}-{i}", tier)) for i in range(clients)]
@@ -291,7 +308,7 @@ class Command(BaseCommand):
         w = self.stdout.write
         w(
             f"bench_overhead: {o['rounds']} rounds, {o['max_tokens']}-token replies, levels {levels}; "
-            f"{os.cpu_count()} CPUs; load average before {' '.join(load_before)}, after {' '.join(load_after)}"
+            f"memory {o['memory']}; {os.cpu_count()} CPUs; load average before {' '.join(load_before)}, after {' '.join(load_after)}"
         )
 
         def flat(rows, key):
