@@ -93,7 +93,9 @@ def _refuse_if_busy(conversation: Conversation) -> None:
         )
 
 
-def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admission) -> Message:
+def _queue_reply(
+    *, conversation: Conversation, parent: Message, admission: Admission, question_prefetched: bool = False
+) -> Message:
     _refuse_if_busy(conversation)
     message = message_create(
         conversation=conversation,
@@ -105,7 +107,10 @@ def _queue_reply(*, conversation: Conversation, parent: Message, admission: Admi
     )
     admission.attach(message)
     reply_dispatch(message=message)
-    recall.question_prefetch(reply=message, question=parent.content)
+    if conversation.stored and not question_prefetched:  # True: the caller settled it before the transaction
+        recall.question_prefetch(
+            user=conversation.owner, conversation_id=conversation.id, question=parent.content
+        )
     # Every other tab of the user shows the new branch (tab sync through the per-user group).
     broadcast.publish_to_user_on_commit(
         conversation.owner_id,
@@ -182,6 +187,11 @@ def reply_request(
     # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
     # (cached figures only).
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
+    # The question's vector for recall, asked for now (where anything will read it): its embedding
+    # overlaps the transaction below.
+    recall.question_prefetch(
+        user=user, conversation_id=conversation_id, question=content.strip(), at_once=True
+    )
     try:
         with tracing.span("db.transaction"), transaction.atomic():
             conversation, content = _conversation_for_send(
@@ -196,7 +206,12 @@ def reply_request(
                 conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
             )
             moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
-            assistant = _queue_reply(conversation=conversation, parent=user_message, admission=admission)
+            assistant = _queue_reply(
+                conversation=conversation,
+                parent=user_message,
+                admission=admission,
+                question_prefetched=True,
+            )
     except IntegrityError:
         existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
         if existing is None:

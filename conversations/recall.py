@@ -62,7 +62,6 @@ def context_with_memory(
             window_message_ids=window_message_ids(message=message, omitted=window.omitted),
             budget_tokens=tier.memory_budget_tokens,
             count_tokens=count_tokens,
-            reply_id=message.id,
             vector=vector,  # the question's embedding when documents retrieval already fetched it
         )
         if not memory.text:
@@ -82,37 +81,53 @@ def context_with_memory(
         return window
 
 
-def question_prefetch(*, reply: Message, question: str) -> None:
-    """When ``reply`` is queued: have its question embedded already, so recall costs no round trip before
-    prefill (``memory.query.question_prefetch``). Skipped where nothing would read the vector: a tier
-    without memory, an empty question, or a conversation where neither recall nor a file's passages can
-    use it (:func:`question_vector_wanted`, one round trip)."""
-    conversation = reply.conversation
-    if not (conversation.stored and conversation.owner.tier.memory_budget_tokens > 0 and question.strip()):
-        return
-    if question_vector_wanted(user_id=conversation.owner_id, conversation_id=conversation.id):
-        memory_query.question_prefetch(reply_id=reply.id, text=question)
+def question_prefetch(*, user, conversation_id: int | None, question: str, at_once: bool = False) -> bool:
+    """Have the question of ``user``'s coming reply in ``conversation_id`` (None: a new conversation)
+    embedded already, so recall and documents retrieval cost no round trip before prefill
+    (``memory.query.question_prefetch``): ``at_once`` (a page ``send``, before its transaction: the embedding
+    then overlaps admission and storage too) or after the current transaction commits. Skipped where nothing
+    would read the vector: a tier without memory, an empty question, or a conversation where neither recall
+    nor a file's passages can use it (:func:`question_vector_wanted`, one round trip). Returns whether it
+    was asked for."""
+    if user.tier.memory_budget_tokens <= 0 or not question.strip():
+        return False
+    if not question_vector_wanted(user_id=user.pk, conversation_id=conversation_id):
+        return False
+    memory_query.question_prefetch(user_id=user.pk, text=question, at_once=at_once)
+    return True
 
 
-def question_vector_wanted(*, user_id: int, conversation_id: int) -> bool:
-    """Whether a reply in ``conversation_id`` will read its question's vector: the conversation has a
-    ready file (documents retrieval), or memory is on (site, account, conversation) and the user has an
-    embedded turn to recall (``memory.recall``). One SQL statement, written out: the ORM took ~4 ms of the
-    send's CPU to compile the same EXISTS tree (cProfile of ``reply_request``, Zen 4). Turns inside the
-    reply's window still count here (recall excludes them later), so this errs towards embedding."""
-    wanted = f"EXISTS (SELECT 1 FROM {Document._meta.db_table} WHERE conversation_id = %s AND status = %s)"
-    params: list = [conversation_id, Document.Status.READY]
+def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool:
+    """Whether a reply of ``user_id`` in ``conversation_id`` (None: a new one) will read its question's
+    vector: the conversation has a ready file (documents retrieval), or memory is on (site, account,
+    conversation) and the user has an embedded turn to recall (``memory.recall``). One SQL statement,
+    written out: the ORM took ~4 ms of the send's CPU to compile the same EXISTS tree (cProfile of
+    ``reply_request``, Zen 4). Turns inside the reply's window still count here (recall excludes them
+    later), so this errs towards embedding."""
+    terms, params = [], []
+    if conversation_id is not None:
+        terms.append(
+            f"EXISTS (SELECT 1 FROM {Document._meta.db_table} WHERE conversation_id = %s AND status = %s)"
+        )
+        params += [conversation_id, Document.Status.READY]
     if settings.MEMORY_ENABLED:
-        wanted += (
-            f" OR (EXISTS (SELECT 1 FROM {Chunk._meta.db_table} WHERE user_id = %s AND source_kind = %s"
+        memory = (
+            f"(EXISTS (SELECT 1 FROM {Chunk._meta.db_table} WHERE user_id = %s AND source_kind = %s"
             " AND embedding IS NOT NULL)"
             f" AND NOT EXISTS (SELECT 1 FROM {AccountMemory._meta.db_table} WHERE user_id = %s AND NOT enabled)"
-            f" AND NOT EXISTS (SELECT 1 FROM {ConversationMemory._meta.db_table}"
-            " WHERE conversation_id = %s AND NOT enabled))"
         )
-        params += [user_id, Chunk.Source.TURN, user_id, conversation_id]
+        params += [user_id, Chunk.Source.TURN, user_id]
+        if conversation_id is not None:
+            memory += (
+                f" AND NOT EXISTS (SELECT 1 FROM {ConversationMemory._meta.db_table}"
+                " WHERE conversation_id = %s AND NOT enabled)"
+            )
+            params.append(conversation_id)
+        terms.append(memory + ")")
+    if not terms:
+        return False
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {wanted}", params)
+        cursor.execute("SELECT " + " OR ".join(terms), params)
         return bool(cursor.fetchone()[0])
 
 

@@ -279,7 +279,7 @@ def _documents_context(engine, message: Message, turns: list[dict], budget: int)
         return DocumentsContext(), None
     with tracing.span("documents.question_embedding"):
         vector = question_vector(
-            reply_id=message.id, text=question, timeout_s=settings.MEMORY_QUERY_TIMEOUT_S
+            user_id=conversation.owner_id, text=question, timeout_s=settings.MEMORY_QUERY_TIMEOUT_S
         )
     if vector is None:
         return DocumentsContext(), None

@@ -248,7 +248,7 @@ def bench_recall_step(user) -> None:
     question embedded by a real embeddings worker in a round trip, (b) the question prefetched when the
     reply was queued and already answered (the reply's dispatch took longer than the embedding). The
     added TTFT of a reply lies between the two."""
-    from memory.query import question_embed, question_prefetch, redis_client, reply_key
+    from memory.query import question_embed, question_key, question_prefetch, redis_client
     from memory.recall import memory_context
 
     env = {**os.environ, "EMBEDDINGS_METRICS_PORT": ""}
@@ -259,7 +259,7 @@ def bench_recall_step(user) -> None:
         cwd=ROOT, env=env, start_new_session=True,
     )  # fmt: skip
 
-    def step(i: int, reply_id: int | None) -> float:
+    def step(i: int) -> float:
         started = time.perf_counter()
         memory_context(
             user_id=user.pk,
@@ -270,7 +270,6 @@ def bench_recall_step(user) -> None:
             count_tokens=lambda s: len(s) // 4,
             min_score=-1.0,
             timeout_s=5,
-            reply_id=reply_id,
         )
         return (time.perf_counter() - started) * 1000
 
@@ -283,16 +282,17 @@ def bench_recall_step(user) -> None:
             ("question prefetched", True),
         ):
             rounds = []
-            for r in range(3):
+            for _r in range(3):
                 times = []
                 for i in range(50):
-                    reply_id = None
+                    text = f"What did I plan for the {i}-day trip?"
+                    key = question_key(user_id=user.pk, text=text)
+                    redis_client().delete(key, f"{key}:asked")  # no vector left from the round before
                     if prefetched:
-                        reply_id = -(r * 1000 + i + 1)  # no such message: a key of its own
-                        question_prefetch(reply_id=reply_id, text=f"What did I plan for the {i}-day trip?")
-                        while not redis_client().llen(reply_key(reply_id)):
+                        question_prefetch(user_id=user.pk, text=text, at_once=True)
+                        while not redis_client().llen(key):
                             time.sleep(0.002)
-                    times.append(step(i, reply_id))
+                    times.append(step(i))
                 times.sort()
                 rounds.append(times[len(times) // 2])
             print(f"  recall step before prefill, {label}: p50 {fmt(rounds, ' ms', 1)}")

@@ -5,13 +5,17 @@ The reply path (in the chat engine's process) must not run the embedding model, 
 (``BLPOP``) for the float32 bytes. A reply never waits longer than ``timeout_s``: without an answer it goes
 on without recall.
 
-Prefetch: when a reply is queued, its question is sent at once (:func:`question_prefetch`, after commit)
-under a key named for the reply, so the embedding overlaps the reply's dispatch and queue wait; the worker
-then finds the vector waiting (:func:`question_vector`) instead of paying the round trip before prefill.
+Prefetch: a page ``send`` asks for its question's vector before its transaction opens, any other queued
+reply once it commits (:func:`question_prefetch`), under a key named for the user and the text
+(:func:`question_key`), so the embedding overlaps the send's admission, storage, dispatch and pick-up; the
+worker then finds the vector waiting (:func:`question_vector`) instead of paying the round trip before
+prefill. Replies asking the same question share the vector: it is read without being taken (``BLMOVE`` of
+the one-element list onto itself).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 
@@ -24,8 +28,9 @@ from memory.embedding import DIMENSIONS
 
 logger = logging.getLogger(__name__)
 
-#: Seconds an answer stays in Redis when nobody took it (the reply gave up waiting).
-ANSWER_TTL_S = 30
+#: Seconds an answer stays in Redis when nobody took it (the reply gave up waiting); a prefetched one as
+#: long as its ``:asked`` mark, so a reply picked up late still finds the vector it was promised.
+ANSWER_TTL_S = 120
 
 
 def redis_client() -> redis.Redis:
@@ -38,48 +43,55 @@ def answer_key() -> str:
     return f"{prefix}:memory:query:{uuid.uuid4().hex}"
 
 
-def reply_key(reply_id: int) -> str:
+def question_key(*, user_id: int, text: str) -> str:
+    """Redis key of ``user_id``'s question ``text`` (its vector, and with ``:asked`` the prefetch's mark)."""
     prefix = settings.CACHES.get("default", {}).get("KEY_PREFIX") or "chatsite"
-    return f"{prefix}:memory:reply-question:{reply_id}"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"{prefix}:memory:question:{user_id}:{digest}"
 
 
-def question_prefetch(*, reply_id: int, text: str) -> None:
-    """After the current transaction commits, ask the embeddings worker for ``text``'s vector on behalf of
-    reply ``reply_id`` (read later by :func:`question_vector`). Failures are logged, never raised."""
+def question_prefetch(*, user_id: int, text: str, at_once: bool = False) -> None:
+    """Ask the embeddings worker for ``text``'s vector on behalf of ``user_id``'s coming reply (read later by
+    :func:`question_vector`): ``at_once``, or after the current transaction commits. Failures are logged,
+    never raised (the reply then asks itself)."""
     from django.db import transaction
 
     from memory.tasks import embed_query
 
-    key = reply_key(reply_id)
+    key = question_key(user_id=user_id, text=text)
 
     def send() -> None:
         try:
-            redis_client().set(f"{key}:asked", 1, ex=ANSWER_TTL_S * 4)
-            embed_query.apply_async(args=[key, text], expires=ANSWER_TTL_S * 4)
+            redis_client().set(f"{key}:asked", 1, ex=ANSWER_TTL_S)
+            embed_query.apply_async(args=[key, text], expires=ANSWER_TTL_S)
         except Exception:  # noqa: BLE001 - the reply will ask again itself
-            logger.warning("question prefetch for reply %s not sent", reply_id, exc_info=True)
+            logger.warning("question prefetch for user %s not sent", user_id, exc_info=True)
 
-    transaction.on_commit(send)
+    if at_once:
+        send()
+    else:
+        transaction.on_commit(send)
 
 
-def question_vector(*, reply_id: int, text: str, timeout_s: float) -> np.ndarray | None:
-    """The question's vector for reply ``reply_id``: the prefetched one when it was asked for (waiting at
-    most ``timeout_s``), else a fresh round trip (:func:`question_embed`)."""
-    key = reply_key(reply_id)
+def question_vector(*, user_id: int, text: str, timeout_s: float) -> np.ndarray | None:
+    """``user_id``'s question ``text`` as a vector: the prefetched one when it was asked for (waiting at most
+    ``timeout_s``; left in place for another reply asking the same), else a fresh round trip
+    (:func:`question_embed`)."""
+    key = question_key(user_id=user_id, text=text)
     try:
-        asked = redis_client().delete(f"{key}:asked")
+        asked = redis_client().exists(f"{key}:asked")
     except Exception:  # noqa: BLE001
         asked = 0
     if not asked:
         return question_embed(text=text, timeout_s=timeout_s)
     try:
-        got = redis_client().blpop([key], timeout=max(timeout_s, 0.01))
+        got = redis_client().blmove(key, key, max(timeout_s, 0.01), "RIGHT", "LEFT")
     except Exception:  # noqa: BLE001
         logger.warning("prefetched question unavailable", exc_info=True)
         return None
     if got is None:
         return None
-    vector = np.frombuffer(got[1], dtype="<f4")
+    vector = np.frombuffer(got, dtype="<f4")
     return vector if vector.shape == (DIMENSIONS,) else None
 
 

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from memory import metrics
 from memory.models import Chunk
-from memory.query import question_embed, question_vector
+from memory.query import question_vector
 from memory.selectors import FoundChunk, chunks_search, memories_for_user, memory_enabled_for
 from memory.store import Hit, SearchFilter, store_for
 from observability.tracing import span
@@ -50,14 +50,13 @@ def memory_context(
     k: int | None = None,
     min_score: float | None = None,
     timeout_s: float | None = None,
-    reply_id: int | None = None,
     vector: np.ndarray | None = None,
 ) -> MemoryContext:
     """Key facts (newest first) then recalled chunks (best first), each added while the whole block fits
     ``budget_tokens``. Empty when memory is off for the account or conversation, or the budget is 0.
-    ``reply_id``: the reply being assembled, whose question may have been prefetched
-    (``memory.query.question_prefetch``); ``vector``: the question's embedding when the caller already has
-    it (documents retrieval fetched it first)."""
+    The question's vector is the one prefetched for ``user_id`` and ``question`` when it was
+    (``memory.query.question_prefetch``), else a round trip; ``vector``: the question's embedding when the
+    caller already has it (documents retrieval fetched it first)."""
     if budget_tokens <= 0 or not memory_enabled_for(user_id=user_id, conversation_id=conversation_id):
         return MemoryContext()
     k = settings.MEMORY_TOP_K if k is None else k
@@ -93,7 +92,6 @@ def memory_context(
         k=k,
         min_score=min_score,
         timeout_s=timeout_s,
-        reply_id=reply_id,
         vector=vector,
     )
     hits: list[Hit] = []
@@ -119,7 +117,6 @@ def _recall(
     k: int,
     min_score: float,
     timeout_s: float,
-    reply_id: int | None,
     vector: np.ndarray | None = None,
 ) -> list[FoundChunk]:
     if k <= 0 or not question.strip():
@@ -132,10 +129,8 @@ def _recall(
     started = time.perf_counter()
     with span("memory.retrieval", backend=backend, k=k) as current:
         with span("memory.question_embedding"):
-            if vector is None and reply_id is None:
-                vector = question_embed(text=question, timeout_s=timeout_s)
-            elif vector is None:
-                vector = question_vector(reply_id=reply_id, text=question, timeout_s=timeout_s)
+            if vector is None:
+                vector = question_vector(user_id=user_id, text=question, timeout_s=timeout_s)
         if vector is None:
             return []
         with span("memory.vector_search", backend=backend):

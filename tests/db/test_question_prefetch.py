@@ -91,3 +91,20 @@ def test_a_prefetch_for_a_conversation_with_a_ready_file(alice, asker):
     assert asker("What does the file say?", conversation_id=reply.conversation_id)[0] == [
         "What does the file say?"
     ]
+
+
+def test_a_prefetched_vector_is_read_by_every_reply_asking_that_question(alice, asker):
+    # The worker side of the prefetch: the embeddings worker's answer lands under the user's question key,
+    # and each reading leaves it in place (two replies of the same question, a regenerate).
+    from memory.query import question_answer, question_key, question_vector
+
+    embedded_turn(alice)
+    asked, _reply = asker("What is my cat called?")
+    assert asked == ["What is my cat called?"]
+    vector = np.arange(384, dtype="<f4") / 384
+    question_answer(key=question_key(user_id=alice.pk, text="What is my cat called?"), vector=vector)
+    for _ in range(2):
+        got = question_vector(user_id=alice.pk, text="What is my cat called?", timeout_s=1)
+        assert got is not None and np.array_equal(got, vector)
+    # Another user's identical question is not theirs to read: no prefetch, so a round trip (no worker here).
+    assert question_vector(user_id=alice.pk + 1, text="What is my cat called?", timeout_s=0.2) is None
