@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations import generations, moderation
+from conversations import generations, moderation, recall
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
@@ -61,6 +61,9 @@ def completion_request(
     routed = None if model == user.tier.model_name else model
     # Refuse under overload before opening a transaction (cached figures only), as the chat does.
     load_gate(tier=user.tier, model_name=routed)
+    if store and turns and turns[-1]["role"] == "user":
+        # A stored completion recalls memory: its question's vector is asked for now, as a page send's is.
+        recall.question_prefetch(user=user, conversation_id=None, question=turns[-1]["content"], at_once=True)
     with transaction.atomic():
         # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
         admission = reply_admit(

@@ -108,3 +108,19 @@ def test_a_prefetched_vector_is_read_by_every_reply_asking_that_question(alice, 
         assert got is not None and np.array_equal(got, vector)
     # Another user's identical question is not theirs to read: no prefetch, so a round trip (no worker here).
     assert question_vector(user_id=alice.pk + 1, text="What is my cat called?", timeout_s=0.2) is None
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_stored_api_completion_prefetches_its_question_and_an_unstored_one_does_not(alice, asker, store):
+    from conversations.completions import completion_request
+
+    embedded_turn(alice)
+    completion_request(
+        user=alice,
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": "What is my cat called?"}],
+        sampling={},
+        store=store,
+    )
+    asked = [args[1] for args, _priority in broker_take(QUERY_QUEUE)]
+    assert asked == (["What is my cat called?"] if store else [])
