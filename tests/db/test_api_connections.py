@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from api.services import api_key_create
 from conversations.models import Message
 from database.connections import closes_connections
+from tests.db.api_asgi import completion_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,25 +48,7 @@ async def test_a_streamed_completion_holds_no_database_connection_while_it_strea
             "store": True,
         }
     ).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"host", b"testserver"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-        ],
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
+    scope = completion_scope(key, payload)
     before = await sync_to_async(backends, thread_sensitive=False)()
     inbox: asyncio.Queue = asyncio.Queue()
     inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})

@@ -14,6 +14,7 @@ from django.core.handlers.asgi import ASGIHandler
 from api.services import api_key_create
 from conversations.models import Message
 from database.connections import closes_connections
+from tests.db.api_asgi import completion_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,25 +31,7 @@ async def hang_up(key: str, body: dict, *, at: str) -> list[dict]:
     (while ``http.response.start`` is sent), ``first_chunk`` (while the first body chunk is sent) or
     ``waiting`` (once the reply is queued, nothing sent yet). Returns the messages the app sent."""
     payload = json.dumps(body).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [
-            (b"host", b"testserver"),
-            (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-        ],
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
+    scope = completion_scope(key, payload)
     inbox: asyncio.Queue = asyncio.Queue()
     inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
     if at == "request":
