@@ -94,7 +94,11 @@ def _refuse_if_busy(conversation: Conversation) -> None:
 
 
 def _queue_reply(
-    *, conversation: Conversation, parent: Message, admission: Admission, question_prefetched: bool = False
+    *,
+    conversation: Conversation,
+    parent: Message,
+    admission: Admission,
+    question_prefetch_settled: bool = False,
 ) -> Message:
     _refuse_if_busy(conversation)
     message = message_create(
@@ -107,7 +111,7 @@ def _queue_reply(
     )
     admission.attach(message)
     reply_dispatch(message=message)
-    if conversation.stored and not question_prefetched:  # True: the caller settled it before the transaction
+    if conversation.stored and not question_prefetch_settled:  # the caller decided it before its transaction
         recall.question_prefetch(
             user=conversation.owner, conversation_id=conversation.id, question=parent.content
         )
@@ -210,7 +214,7 @@ def reply_request(
                 conversation=conversation,
                 parent=user_message,
                 admission=admission,
-                question_prefetched=True,
+                question_prefetch_settled=True,
             )
     except IntegrityError:
         existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None

@@ -102,8 +102,10 @@ def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool
     vector: the conversation has a ready file (documents retrieval), or memory is on (site, account,
     conversation) and the user has an embedded turn to recall (``memory.recall``). One SQL statement,
     written out: the ORM took ~4 ms of the send's CPU to compile the same EXISTS tree (cProfile of
-    ``reply_request``, Zen 4). Turns inside the reply's window still count here (recall excludes them
-    later), so this errs towards embedding."""
+    ``reply_request``, Zen 4). It answers in one statement what three reads answer where the vector is used:
+    ``documents.retrieval.conversation_has_documents``, ``memory.selectors.memory_enabled_for`` and
+    ``memory.recall._anything_to_recall``; a change to those switches belongs here too. Turns inside the
+    reply's window still count here (recall excludes them later), so this errs towards embedding."""
     terms, params = [], []
     if conversation_id is not None:
         terms.append(
