@@ -18,6 +18,7 @@ from conversations.completions import completion_cancel
 from conversations.models import Message
 from database.connections import close_request_connections
 from events import broadcast
+from events.layer_reader import release_channel
 from observability.logs import log_context
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,9 @@ async def reply_frames(layer, channel: str, message_id: int) -> AsyncIterator[di
                 return
     finally:
         if pending is not None:
-            pending.cancel()
+            pending.cancel()  # the layer drops the channel as its receive is cancelled
+        else:  # the reply ended (or its last frame was yielded): nothing receives on the channel again
+            await release_channel(layer, channel)
 
 
 class _State:

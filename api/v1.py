@@ -42,6 +42,7 @@ from conversations.models import Message
 from conversations.moderation import ContentBlocked
 from database.connections import close_request_connections
 from events import broadcast
+from events.layer_reader import keep_layer_listening
 from inference.registry import models_for_tier
 from observability import tracing
 from observability.logs import log_context
@@ -130,6 +131,7 @@ async def chat_completions(request):
     ``chat.completion.chunk`` events ending in ``data: [DONE]``. Errors in OpenAI's shape (api.errors).
     A client that leaves before its reply ended (any moment, or the non-streaming timeout) cancels it."""
     layer = get_channel_layer()
+    await keep_layer_listening(layer)  # this stream's first chunk is not held back (events/layer_reader.py)
     channel = await layer.new_channel("api.")
     try:
         return await _chat_completions(request, layer, channel)

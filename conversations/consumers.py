@@ -43,6 +43,7 @@ from conversations.protocol import (
 from conversations.reply_stream import CaughtUp, ReplyStreamMixin
 from database.connections import db_call
 from events import broadcast
+from events.layer_reader import keep_layer_listening
 from observability import metrics
 from observability.logs import log_context, new_request_id
 
@@ -105,6 +106,8 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         self.session_key = getattr(session, "session_key", None)
         self.session_fp = session_fingerprint(self.session_key)
         try:
+            # Once per process: the frames of sockets opened later are not held back (events/layer_reader.py).
+            await keep_layer_listening(self.channel_layer)
             await self.channel_layer.group_add(broadcast.user_group(self.user.pk), self.channel_name)
         except OUTAGE_ERRORS:  # Redis is down
             logger.warning("could not join the user's channel-layer group", exc_info=True)
