@@ -6,6 +6,10 @@ reply-creating service it is let through to runs on a worker thread that first c
 from __future__ import annotations
 
 import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
 
 from accounts.sessions import session_is_current
 from conversations import admission, load, load_warmer, refusals
@@ -13,6 +17,26 @@ from conversations.admission import AdmissionRefused
 from conversations.protocol import RegenerateFrame, SendFrame
 from database.connections import db_call
 from observability import metrics
+
+_service_pool: ThreadPoolExecutor | None = None
+_service_pool_lock = threading.Lock()
+
+
+def reply_service_pool() -> ThreadPoolExecutor:
+    """This process's ``REPLY_SERVICE_THREADS`` threads (default 3) for the reply-creating services of chat
+    sockets (``send``, ``regenerate``: ~20-30 ms of ORM work and SQL each), created on first use.
+
+    Why a pool of their own: they ran on the event loop's default executor (``min(32, CPUs + 4)`` threads, 6
+    on 2 CPUs), which also serves every other frame's database call. A wave of 32 sends filled it, and a
+    refusal decided from memory whose session check (``session_is_current``) queued behind them was answered
+    0.3-0.45 s later (refusal p99 with the engine saturated; docs/overhead.md, lever 13). Fewer threads also
+    leave the event loop fewer rivals for the GIL."""
+    global _service_pool
+    size = max(1, settings.REPLY_SERVICE_THREADS)
+    with _service_pool_lock:
+        if _service_pool is None or _service_pool._max_workers != size:  # a changed setting (tests)
+            _service_pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="reply-service")
+        return _service_pool
 
 
 class SessionEnded(Exception):
@@ -41,6 +65,11 @@ class AdmissionGateMixin:
         # Counted as queued until its admission runs, so frames arriving meanwhile are refused right here.
         self.pending = load.note_pending(model_name=model_name, priority=self.user.tier.queue_priority)
         return None
+
+    def service_call(self, service):
+        """``service`` (a reply-creating service, usually wrapped by :meth:`admitting`) as an awaitable
+        database call on :func:`reply_service_pool`'s threads, its connections closed before it returns."""
+        return db_call(service, thread_sensitive=False, executor=reply_service_pool())
 
     def admitting(self, service, *, check_session: bool = False):
         """``service`` (a reply-creating service) that first stops counting this frame's pending request, on

@@ -266,13 +266,14 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         # (pending) is not gated twice.
         if not (frame.resend and frame.client_id) and self.pending is None:
             await self.admission_gate(frame.model)
-        # The root span of the reply's trace; the Celery task carries its context to the worker. Off the
-        # shared database thread: a late refusal (the service's exact admission) does not queue behind other
-        # sockets' writes; concurrent requests are safe in PostgreSQL (conditional quota UPDATE, unique
-        # client_id, tests/db/test_consumer_hardening.py).
+        # The root span of the reply's trace; the Celery task carries its context to the worker. On the
+        # reply-service threads, neither Channels' shared database thread nor the default pool that other
+        # frames' reads use: a late refusal (the service's exact admission) does not queue behind other
+        # sockets' writes, nor does any other frame behind a burst of sends; concurrent requests are safe in
+        # PostgreSQL (conditional quota UPDATE, unique client_id, tests/db/test_consumer_hardening.py).
         with self.send_span(frame.conversation_id):
             service = self.admitting(generations.reply_request, check_session=self.session_deferred)
-            ticket = await db_call(service, thread_sensitive=False)(
+            ticket = await self.service_call(service)(
                 user=self.user,
                 conversation_id=frame.conversation_id,
                 content=frame.content,
@@ -287,7 +288,7 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         if self.pending is None:
             await self.admission_gate(frame.model)
         service = self.admitting(generations.reply_regenerate, check_session=self.session_deferred)
-        ticket = await db_call(service, thread_sensitive=False)(
+        ticket = await self.service_call(service)(
             user=self.user, conversation_id=frame.conversation_id, model=frame.model
         )
         await self.watch_ticket(ticket)

@@ -299,3 +299,42 @@ async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_che
     assert (await ws.receive_output(timeout=5))["code"] == 4401
     stored = await database_sync_to_async(Message.objects.filter(conversation__owner=alice).count)()
     assert stored == 2  # the first send's user message and reply only
+
+
+async def test_sends_run_on_the_reply_service_threads_and_leave_the_default_pool_to_other_frames(
+    session_cookie, alice, redis_clean, settings, monkeypatch
+):
+    """A send's service runs on ``reply_service_pool``'s threads: a burst of sends filled the event loop's
+    default executor, where a refusal's session check then queued (docs/overhead.md, lever 13). While every
+    reply-service thread is held by a send, the socket's other frames are still answered."""
+    import threading
+
+    from conversations import generations
+
+    settings.REPLY_SERVICE_THREADS = 1
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    original, threads, release = generations.reply_request, [], threading.Event()
+
+    def held_reply_request(**kwargs):
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:
+            release.wait(10)  # the first send holds the only reply-service thread
+        return original(**kwargs)
+
+    monkeypatch.setattr(generations, "reply_request", held_reply_request)
+    first, second = await open_socket(session_cookie), await open_socket(session_cookie)
+    await first.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "one", "client_id": str(uuid4())}
+    )
+    for _ in range(100):
+        if threads:
+            break
+        await asyncio.sleep(0.05)
+    # The other socket's resume of an unknown reply reads the database on the default pool: answered now.
+    await second.send_json_to({"type": "resume", "message_id": 10**9, "after_seq": -1})
+    assert (await second.receive_json_from(timeout=10))["code"] == "not_found"
+    release.set()
+    assert (await first.receive_json_from(timeout=10))["type"] == "queued"
+    assert threads and all(name.startswith("reply-service") for name in threads), threads
+    await first.disconnect()
+    await second.disconnect()
