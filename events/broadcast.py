@@ -199,21 +199,45 @@ def _group_send(message_id: int, frame: dict[str, Any]) -> None:
     raise RuntimeError("publish() is for sync code; await layer.group_send in async code")
 
 
+def _pubsub_group_channel(group: str) -> str | None:
+    """The Redis pub/sub channel that carries ``group`` when the channel layer is channels_redis' pub/sub
+    layer on ``REDIS_URL`` alone (one shard: the deployed configuration), else None. channels_redis 4.3
+    names it ``<prefix>__group__<group>`` (``RedisPubSubLoopLayer._get_group_channel_name``);
+    ``tests/db/test_publish.py`` checks that a consumer in the group receives what is published there."""
+    layers = settings.CHANNEL_LAYERS.get("default", {})
+    config = layers.get("CONFIG", {})
+    if not layers.get("BACKEND", "").endswith(".RedisPubSubChannelLayer"):
+        return None
+    if list(config.get("hosts") or []) != [settings.REDIS_URL]:
+        return None
+    return f"{config.get('prefix', 'asgi')}__group__{group}"
+
+
 def publish(message_id: int, frame: dict[str, Any]) -> None:
     """Send a frame to everyone watching ``message_id`` now. Tokens also go to the replay stream, and
     ``started`` / ``done`` mark the reply's progress key; both are written before the group send, which
-    :func:`reply_progressed` relies on."""
+    :func:`reply_progressed` relies on.
+
+    On the deployed pub/sub channel layer this is one Redis round trip from the calling thread: the writes
+    and the group's ``PUBLISH`` (the frame serialized as the layer does) in one pipeline, which Redis runs
+    in order. Before, the group send hopped onto this process's channel-layer loop thread and back and was a
+    round trip of its own: three thread hand-offs per delta, each waiting for the GIL beside the engine's
+    loop (docs/overhead.md, lever 14). Other layers keep the hop."""
     kind = frame["type"]
+    pipe = redis_client().pipeline(transaction=False)
     if kind == "token":
-        client = redis_client()
         key = stream_key(message_id)
-        pipe = client.pipeline(transaction=False)
         pipe.xadd(key, {"seq": frame["seq"], "text": frame["text"]})
         pipe.expire(key, settings.STREAM_REPLAY_TTL_S)
-        pipe.execute()
     elif kind in ("started", "done"):
-        redis_client().set(progress_key(message_id), kind, ex=settings.STREAM_REPLAY_TTL_S)
-    _group_send(message_id, frame)
+        pipe.set(progress_key(message_id), kind, ex=settings.STREAM_REPLAY_TTL_S)
+    channel = _pubsub_group_channel(message_group(message_id))
+    if channel is not None:
+        pipe.publish(channel, get_channel_layer().serialize({"type": "chat.frame", "frame": frame}))
+    if len(pipe):
+        pipe.execute()
+    if channel is None:
+        _group_send(message_id, frame)
 
 
 def publish_to_user(user_id: int, frame: dict[str, Any], *, session: str = "") -> None:
