@@ -18,7 +18,7 @@ from conversations.protocol import RegenerateFrame, SendFrame
 from database.connections import db_call
 from observability import metrics
 
-_service_pool: ThreadPoolExecutor | None = None
+_service_pool: tuple[int, ThreadPoolExecutor] | None = None  # (its size, the pool)
 _service_pool_lock = threading.Lock()
 
 
@@ -34,9 +34,9 @@ def reply_service_pool() -> ThreadPoolExecutor:
     global _service_pool
     size = max(1, settings.REPLY_SERVICE_THREADS)
     with _service_pool_lock:
-        if _service_pool is None or _service_pool._max_workers != size:  # a changed setting (tests)
-            _service_pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="reply-service")
-        return _service_pool
+        if _service_pool is None or _service_pool[0] != size:  # first use, or a changed setting (tests)
+            _service_pool = (size, ThreadPoolExecutor(max_workers=size, thread_name_prefix="reply-service"))
+        return _service_pool[1]
 
 
 class SessionEnded(Exception):

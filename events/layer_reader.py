@@ -50,16 +50,21 @@ async def release_channel(layer, channel: str) -> None:
     channel only when a ``receive`` on it is cancelled (its docstring: the way Channels' consumers leave); a
     stream that ended normally has no receive pending, so its channel stayed subscribed, one more per
     completion for the life of the process (found by ``manage.py bench_overhead``: 9 after 9 completions). A
-    frame still buffered on the channel is dropped. Never raises: on a Redis error the subscription ends with
-    its connection."""
+    frame still buffered on the channel is dropped. Raises only the caller's own cancellation: on a Redis
+    error the subscription ends with its connection."""
     while True:
         receive = asyncio.ensure_future(layer.receive(channel))
-        await asyncio.sleep(0)  # it reaches its wait on the channel's queue (or takes a buffered frame)
-        if not receive.done():
-            receive.cancel()
+        try:
+            await asyncio.sleep(0)  # it reaches its wait on the channel's queue (or takes a buffered frame)
+        finally:
+            if not receive.done():
+                receive.cancel()
         try:
             await receive
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself is being cancelled: not swallowed
             return  # the layer unsubscribed the channel as the receive was cancelled
         except Exception:
             logger.warning("could not release channel-layer channel %s", channel, exc_info=True)
