@@ -5,7 +5,6 @@ run without the pool, so a connection still held is a PostgreSQL backend still o
 handler, real database, Redis and broker; no worker, so the reply stays ``queued`` until the client leaves."""
 
 import asyncio
-import json
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -13,7 +12,7 @@ from asgiref.sync import sync_to_async
 from api.services import api_key_create
 from conversations.models import Message
 from database.connections import closes_connections
-from tests.db.api_asgi import completion_scope
+from tests.db.api_asgi import completion_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,18 +39,14 @@ async def test_a_streamed_completion_holds_no_database_connection_while_it_strea
     from django.core.handlers.asgi import ASGIHandler
 
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
-    payload = json.dumps(
-        {
-            "model": "smollm2-135m-instruct",
-            "messages": [{"role": "user", "content": "hi"}],
-            "stream": True,
-            "store": True,
-        }
-    ).encode()
-    scope = completion_scope(key, payload)
+    body = {
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "store": True,
+    }
+    scope, inbox = completion_call(key, body)
     before = await sync_to_async(backends, thread_sensitive=False)()
-    inbox: asyncio.Queue = asyncio.Queue()
-    inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
     seen: dict = {}
 
     async def send(message):

@@ -5,7 +5,6 @@ that waits on the socket (as uvicorn's flow control does; daphne's returns at on
 layer). Real database, Redis and broker; no worker, so an admitted reply stays ``queued`` until cancelled."""
 
 import asyncio
-import json
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -14,7 +13,7 @@ from django.core.handlers.asgi import ASGIHandler
 from api.services import api_key_create
 from conversations.models import Message
 from database.connections import closes_connections
-from tests.db.api_asgi import completion_scope
+from tests.db.api_asgi import completion_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,10 +29,7 @@ async def hang_up(key: str, body: dict, *, at: str) -> list[dict]:
     """Send ``body`` to the ASGI app and disconnect ``at``: ``request`` (with the request), ``headers``
     (while ``http.response.start`` is sent), ``first_chunk`` (while the first body chunk is sent) or
     ``waiting`` (once the reply is queued, nothing sent yet). Returns the messages the app sent."""
-    payload = json.dumps(body).encode()
-    scope = completion_scope(key, payload)
-    inbox: asyncio.Queue = asyncio.Queue()
-    inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
+    scope, inbox = completion_call(key, body)
     if at == "request":
         inbox.put_nowait({"type": "http.disconnect"})
     elif at == "waiting":

@@ -14,7 +14,7 @@ from api.services import api_key_create
 from database.connections import closes_connections
 from events import broadcast
 from events.layer_reader import KEEPALIVE_PREFIX, keep_layer_listening
-from tests.db.api_asgi import completion_scope
+from tests.db.api_asgi import completion_call
 from tests.db.test_consumer_hardening import cookie_for
 from tests.sockets import connect
 
@@ -26,6 +26,11 @@ def _shards(layer):
     return layer._get_layer()._shards
 
 
+def _subscribed(layer) -> list[str]:
+    """The channel names the running loop's connections of ``layer`` are subscribed to."""
+    return [name for shard in _shards(layer) for name in shard._subscribed_to]
+
+
 async def test_a_closed_socket_leaves_the_layer_reader_subscribed(alice, redis_clean):
     layer = get_channel_layer()
     _, cookie = await sync_to_async(cookie_for)(alice)
@@ -35,7 +40,7 @@ async def test_a_closed_socket_leaves_the_layer_reader_subscribed(alice, redis_c
     await ws.disconnect()
 
     # The socket left its own channel and its user's group; the keep-alive channel is still there.
-    names = {name for shard in _shards(layer) for name in shard._subscribed_to}
+    names = set(_subscribed(layer))
     assert [n for n in names if KEEPALIVE_PREFIX in n]
     assert not [n for n in names if broadcast.user_group(alice.pk) in n]
     assert all(shard._pubsub.subscribed for shard in _shards(layer) if shard._subscribed_to)
@@ -58,11 +63,10 @@ async def test_an_api_stream_that_ended_leaves_the_layer_reader_subscribed(alice
 
     layer = get_channel_layer()
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
-    payload = json.dumps(
-        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    ).encode()
-    inbox: asyncio.Queue = asyncio.Queue()
-    inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
+    scope, inbox = completion_call(
+        key,
+        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    )
     statuses = []
 
     async def send(message):
@@ -70,9 +74,9 @@ async def test_an_api_stream_that_ended_leaves_the_layer_reader_subscribed(alice
             statuses.append(message["status"])
             inbox.put_nowait({"type": "http.disconnect"})
 
-    await asyncio.wait_for(ASGIHandler()(completion_scope(key, payload), inbox.get, send), timeout=20)
+    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
     assert statuses == [200]
-    names = {name for shard in _shards(layer) for name in shard._subscribed_to}
+    names = set(_subscribed(layer))
     assert [n for n in names if KEEPALIVE_PREFIX in n]
     assert not [n for n in names if "api." in n]  # the stream's own channel is gone
     assert all(shard._pubsub.subscribed for shard in _shards(layer) if shard._subscribed_to)
@@ -92,17 +96,16 @@ async def test_a_completion_that_ended_leaves_no_channel_of_its_own_subscribed(a
 
     layer = get_channel_layer()
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
-    payload = json.dumps(
-        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "store": True}
-    ).encode()
-    inbox: asyncio.Queue = asyncio.Queue()
-    inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
+    scope, inbox = completion_call(
+        key,
+        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "store": True},
+    )
     sent: list[dict] = []
 
     async def send(message):
         sent.append(message)
 
-    handler = asyncio.ensure_future(ASGIHandler()(completion_scope(key, payload), inbox.get, send))
+    handler = asyncio.ensure_future(ASGIHandler()(scope, inbox.get, send))
     reply = None
     for _ in range(200):  # no worker here: this test plays its part once the reply is queued
         reply = await sync_to_async(_queued_reply, thread_sensitive=False)()
@@ -110,7 +113,7 @@ async def test_a_completion_that_ended_leaves_no_channel_of_its_own_subscribed(a
             break
         await asyncio.sleep(0.05)
     assert reply is not None
-    names = {name for shard in _shards(layer) for name in shard._subscribed_to}
+    names = set(_subscribed(layer))
     assert [n for n in names if "api." in n]  # the request's own channel, while it waits
 
     reply.content, reply.status, reply.finish_reason = "Hello!", "completed", "stop"
@@ -121,7 +124,7 @@ async def test_a_completion_that_ended_leaves_no_channel_of_its_own_subscribed(a
     await asyncio.wait_for(handler, timeout=20)
     assert sent[0]["status"] == 200
     assert json.loads(sent[1]["body"])["choices"][0]["message"]["content"] == "Hello!"
-    names = {name for shard in _shards(layer) for name in shard._subscribed_to}
+    names = set(_subscribed(layer))
     assert not [n for n in names if "api." in n or "chat.message" in n]
     assert [n for n in names if KEEPALIVE_PREFIX in n]
 
@@ -130,14 +133,14 @@ async def test_the_keep_alive_channel_is_subscribed_once_per_event_loop(redis_cl
     layer = get_channel_layer()
     for _ in range(3):
         await keep_layer_listening(layer)
-    names = [name for shard in _shards(layer) for name in shard._subscribed_to]
+    names = _subscribed(layer)
     assert len([n for n in names if KEEPALIVE_PREFIX in n]) == 1
 
     # Another event loop (another thread's, or a new process') gets a subscription of its own.
     def other_loop() -> list[str]:
         async def run():
             await keep_layer_listening(layer)
-            subscribed = [name for shard in _shards(layer) for name in shard._subscribed_to]
+            subscribed = _subscribed(layer)
             await layer.flush()
             return subscribed
 
