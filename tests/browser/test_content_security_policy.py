@@ -29,7 +29,9 @@ def test_chat_page_renders_markdown_and_connects_under_the_policy(open_page, ali
     assert page.locator(".message.assistant .content strong").inner_text() == "bold"
     page.locator(".message.assistant pre code.hljs").wait_for()
     # The chat socket (connect-src) is open.
-    page.wait_for_function("document.querySelector('#connection-status')?.dataset.state === 'open'")
+    # A selector wait, not a JavaScript predicate: a string predicate still false at its first look is polled
+    # through eval, which this very policy forbids (EvalError on a box where the socket opened a moment late).
+    page.locator("#connection-status[data-state='open']").wait_for(state="attached")
 
 
 def test_admin_works_under_the_policy(open_page, make_user, alice):
