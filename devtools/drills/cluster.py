@@ -337,6 +337,14 @@ async def _ttft_round(socket: Socket, replies: int) -> tuple[list[float], list[i
     return ttfts, ids
 
 
+async def _watch_balancer(seen: set[str], every_s: float = 0.25) -> None:
+    """Add to ``seen`` each ``"webN STATE"`` the balancer reports other than ``UP``, until cancelled."""
+    while True:
+        states = await asyncio.to_thread(services.lb_server_states)
+        seen.update(f"{name} {state}" for name, state in states.items() if state != "UP")
+        await asyncio.sleep(every_s)
+
+
 async def lossy_broker(*, loss: float = 0.02, delay_ms: float = 100, replies: int = 12) -> DrillResult:
     """A slow, lossy broker link: every byte between the web/worker hosts and RabbitMQ ``delay_ms`` late
     each way (the delay proxies of ``devtools/bed/delay_proxy.py``, this kernel having no netem) and a
@@ -353,6 +361,10 @@ async def lossy_broker(*, loss: float = 0.02, delay_ms: float = 100, replies: in
     cookie = (await sync_to_async(drill_users)(1, max_reply_tokens=16, prefix="bed-lossy"))[0]
     socket = await open_socket(cookie)
     clean, impaired, ids = [], [], []
+    # A slow broker link is no reason to take a web node out of the pool (and cut its sockets): every
+    # state the balancer shows other than a plain UP is a failure.
+    seen: set[str] = set()
+    watching = asyncio.create_task(_watch_balancer(seen))
     try:
         while len(impaired) < replies:
             block = min(3, replies - len(impaired))
@@ -369,7 +381,10 @@ async def lossy_broker(*, loss: float = 0.02, delay_ms: float = 100, replies: in
             impaired += ttfts
             ids += block_ids + more_ids
     finally:
+        watching.cancel()
         await socket.close()
+    if seen:
+        result.failures.append(f"the balancer saw web nodes as {sorted(seen)}")
     result.trials = len(impaired)
     state, _ = await wait_settled(ids, timeout=60)
     result.stuck, result.lost = state.active, state.missing
