@@ -44,6 +44,31 @@ def status_key(worker: str) -> str:
     return f"{KEY_PREFIX}{worker}"
 
 
+class DecodeRate:
+    """The rate (tokens/s) of an engine's ``decode_tokens_total`` counter over the last ``window_s`` seconds
+    of work, for a worker's published ``decode_tokens_per_s``.
+
+    The window restarts whenever the engine is seen idle (nothing running or waiting), so the first
+    readings after an idle spell are not diluted by idle seconds: admission learns an engine's capacity
+    from the readings taken while requests wait (``conversations/load.py``), and a 5 s window that was 4 s
+    idle when a burst arrived read a fifth of the engine's rate; admission then refused at a fifth of the
+    load it could take."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._samples: list[tuple[float, int]] = []
+
+    def observe(self, now: float, total: int, *, idle: bool) -> float:
+        """Record the counter ``total`` (tokens) read at ``now`` (monotonic s); returns the rate over the
+        window (0.0 on the first sample and while idle)."""
+        if idle:
+            self._samples = []
+        self._samples.append((now, total))
+        self._samples = [(t, n) for t, n in self._samples if now - t <= self.window_s]
+        t0, n0 = self._samples[0]
+        return (total - n0) / (now - t0) if now > t0 else 0.0
+
+
 @dataclass
 class WorkerStatus:
     """One worker's published state. Times are Unix seconds; token figures are counts of tokens.

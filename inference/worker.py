@@ -64,7 +64,7 @@ class WorkerHost:
         self.draining = False
         self.metrics_port = 0  # set by inference.workerops when the metrics endpoint is up
         self.node = ""  # Celery node name
-        self._decode_samples: list[tuple[float, int]] = []
+        self._decode_rate = fleet.DecodeRate()
         # Tokens streamed by this process's replies: the decode rate's source until the engine counts them.
         self._active: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -99,15 +99,12 @@ class WorkerHost:
         """This worker's current :class:`~inference.fleet.WorkerStatus` (engine load + identity).
 
         ``decode_tokens_per_s`` is the rate of the engine's ``decode_tokens_total`` counter over the last
-        ~5 s, and the pending-token figures come from the engine's load, where the engine reports them."""
+        ~5 s of work (:class:`~inference.fleet.DecodeRate`), and the pending-token figures come from the engine's load, where the engine reports them."""
         load = self.engine.load()
         health = self.health()
         now = time.monotonic()
-        total = load.decode_tokens_total
-        self._decode_samples.append((now, total))
-        self._decode_samples = [(t, n) for t, n in self._decode_samples if now - t <= 5.0]
-        (t0, n0) = self._decode_samples[0]
-        tps = (total - n0) / (now - t0) if now > t0 else 0.0
+        idle = load.running == 0 and load.waiting == 0
+        tps = self._decode_rate.observe(now, load.decode_tokens_total, idle=idle)
         with self._lock:
             active = len(self._active)
         return fleet.WorkerStatus(
