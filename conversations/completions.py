@@ -18,7 +18,7 @@ from conversations import generations, moderation, recall
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
-from conversations.services import conversation_touch, message_create, title_from_content
+from conversations.services import message_create, title_from_content
 
 
 def completion_request(
@@ -79,16 +79,25 @@ def completion_request(
         )
         # Through message_create: each turn follows the previous one on the branch tree (issue 12), so the
         # reply's context (its ancestors) holds every turn of the request.
-        last_user = None
+        # The conversation is this transaction's own (no other one sees it yet): no row lock to take.
+        last_user = previous = None
         for turn in turns:
-            created = message_create(conversation=conversation, role=turn["role"], content=turn["content"])
-            last_user = created if turn["role"] == "user" else last_user
+            previous = message_create(
+                conversation=conversation,
+                role=turn["role"],
+                content=turn["content"],
+                parent=previous,
+                conversation_locked=True,
+            )
+            last_user = previous if turn["role"] == "user" else last_user
         reply = message_create(
             conversation=conversation,
             role=Message.Role.ASSISTANT,
             content="",
             status=Message.Status.QUEUED,
             model_name=admission.model_name,
+            parent=previous,
+            conversation_locked=True,
         )
         reply.sampling = sampling or None
         reply.api_user = api_user
@@ -96,7 +105,6 @@ def completion_request(
         reply.save(update_fields=["sampling", "api_user", "api_metadata"])
         admission.attach(reply)
         moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
-        conversation_touch(conversation=conversation)
         if on_queued is not None:
             on_queued(reply)
         reply_dispatch(message=reply)

@@ -47,15 +47,22 @@ def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
     """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
     are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,
     cancelled before any token, blocked) and user messages the content policy blocked are left out."""
-    earlier = branches.ancestors(message=message)
-    turns = [
-        {"role": m.role, "content": m.content}
-        for m in earlier
+    system_prompt, turns, _ids = generation_branch(message=message)
+    return system_prompt, turns
+
+
+def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], list[int]]:
+    """:func:`generation_history` and the message id of each turn (same order, same length), from one read
+    of the branch: what memory's recall excludes as already inside the window."""
+    earlier = [
+        m
+        for m in branches.ancestors(message=message)
         if m.content
         and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
         and m.status != Message.Status.BLOCKED
     ]
-    return message.conversation.system_prompt, turns
+    turns = [{"role": m.role, "content": m.content} for m in earlier]
+    return message.conversation.system_prompt, turns, [m.id for m in earlier]
 
 
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:

@@ -99,6 +99,7 @@ def _queue_reply(
     parent: Message,
     admission: Admission,
     question_prefetch_settled: bool = False,
+    conversation_locked: bool = False,
 ) -> Message:
     _refuse_if_busy(conversation)
     message = message_create(
@@ -108,6 +109,7 @@ def _queue_reply(
         status=Message.Status.QUEUED,
         model_name=admission.model_name,
         parent=parent,
+        conversation_locked=conversation_locked,  # the caller stored ``parent`` in this transaction
     )
     admission.attach(message)
     reply_dispatch(message=message)
@@ -215,6 +217,7 @@ def reply_request(
                 parent=user_message,
                 admission=admission,
                 question_prefetch_settled=True,
+                conversation_locked=True,
             )
     except IntegrityError:
         existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
@@ -316,7 +319,9 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
                 conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
             )
             moderation.input_record(verdict=verdict, user=user, message=edited, text=content)
-            assistant = _queue_reply(conversation=conversation, parent=edited, admission=admission)
+            assistant = _queue_reply(
+                conversation=conversation, parent=edited, admission=admission, conversation_locked=True
+            )
     if verdict.blocked:
         raise blocked
     return _ticket(assistant, user_message_id=edited.id, admission=admission)

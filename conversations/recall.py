@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from django.conf import settings
 from django.db import connection
 
-from conversations import branches
 from conversations.context import AssembledContext, ContextTooLong, assemble_context
 from conversations.models import Message
 from documents.models import Document
@@ -24,23 +23,13 @@ from memory.selectors import recalls_for_replies
 logger = logging.getLogger(__name__)
 
 
-def window_message_ids(*, message: Message, omitted: int) -> list[int]:
-    """Ids of the messages inside ``message``'s sliding window: its ancestors kept by
-    ``generation_history`` (same filter: user and assistant turns with text), less the ``omitted`` oldest."""
-    earlier = [
-        m
-        for m in branches.ancestors(message=message)
-        if m.content and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
-    ]
-    return [m.id for m in earlier[omitted:]]
-
-
 def context_with_memory(
     *,
     message: Message,
     tier,
     system_prompt: str,
     turns: list[dict[str, str]],
+    turn_ids: list[int],
     window: AssembledContext,
     budget_tokens: int,
     tokenize: Callable[[list[dict[str, str]]], list[int]],
@@ -49,8 +38,9 @@ def context_with_memory(
 ) -> AssembledContext:
     """``window`` (the context assembled without memory) with the user's key facts and the chunks recalled
     for the newest turn added to the system message, the window fitted again around it; the recalled
-    chunks are recorded for the page. Returns ``window`` unchanged when memory adds nothing, is off, or
-    fails (a reply never fails for memory)."""
+    chunks are recorded for the page. ``turn_ids``: the message id of each of ``turns``
+    (``generation_branch``); those inside the window are not recalled. Returns ``window`` unchanged when
+    memory adds nothing, is off, or fails (a reply never fails for memory)."""
     conversation = message.conversation
     if not conversation.stored or tier.memory_budget_tokens <= 0 or not turns:
         return window
@@ -59,7 +49,7 @@ def context_with_memory(
             user_id=conversation.owner_id,
             conversation_id=conversation.id,
             question=turns[-1]["content"],
-            window_message_ids=window_message_ids(message=message, omitted=window.omitted),
+            window_message_ids=turn_ids[window.omitted :],
             budget_tokens=tier.memory_budget_tokens,
             count_tokens=count_tokens,
             vector=vector,  # the question's embedding when documents retrieval already fetched it

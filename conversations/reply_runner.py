@@ -18,8 +18,8 @@ from django.conf import settings
 from conversations import recall
 from conversations.context import ContextTooLong, assemble_context
 from conversations.generation_worker import (
+    generation_branch,
     generation_finish,
-    generation_history,
     generation_requeue,
     generation_set_context,
     generation_start,
@@ -162,7 +162,7 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     engine = host.engine
     tier = message.conversation.owner.tier
     with tracing.span("context.assembly"):
-        system_prompt, turns = generation_history(message=message)
+        system_prompt, turns, turn_ids = generation_branch(message=message)
         context_limit = min(tier.max_context_tokens, engine.context_length)
         max_new_tokens = min(tier.max_reply_tokens, context_limit // 2)
         budget = context_limit - max_new_tokens
@@ -187,21 +187,13 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
             tier=tier,
             system_prompt=with_documents(system_prompt, cited),
             turns=turns,
+            turn_ids=turn_ids,
             window=context,
             budget_tokens=budget,
             tokenize=engine.render_chat,
             count_tokens=lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False)),
             vector=vector,
         )
-        generation_set_context(message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens)
-        if cited.cited:
-            citations_record(reply_id=message.id, cited=cited.cited)
-    # Nothing is read or written until the final write: give the connection back (to the pool) for the
-    # decode, so a worker's concurrent replies do not each hold one (DB_POOL_MAX_SIZE, docs/overhead.md).
-    close_request_connections()
-    broadcast.publish(
-        message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
-    )
 
     timer = ReplyTimer(model=host.model_name, tier=tier.name)
     submitted_ns = time.time_ns()
@@ -213,6 +205,24 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         # Per-user prefix-cache namespace: the next turn reuses this one's KV, and no other user's
         # timing can reveal this user's text.
         cache_salt=f"user:{message.conversation.owner_id}",
+    )
+    # The context's record is written while the engine prefills, not before (off the first token's path:
+    # docs/overhead.md, lever 15); the engine request is cancelled should the write fail.
+    try:
+        with tracing.span("context.record"):
+            generation_set_context(
+                message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens
+            )
+            if cited.cited:
+                citations_record(reply_id=message.id, cited=cited.cited)
+    except BaseException:
+        handle.cancel()
+        raise
+    # Nothing is read or written until the final write: give the connection back (to the pool) for the
+    # decode, so a worker's concurrent replies do not each hold one (DB_POOL_MAX_SIZE, docs/overhead.md).
+    close_request_connections()
+    broadcast.publish(
+        message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
     # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
     if broadcast.cancel_requested(message.id):

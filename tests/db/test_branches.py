@@ -33,6 +33,24 @@ def test_message_create_without_parent_appends_to_the_active_leaf(alice):
     assert path_contents(conversation) == ["a", "b"]
 
 
+def test_message_create_in_a_locked_conversation_needs_its_parent_and_takes_no_second_lock(alice):
+    conversation = services.conversation_create(owner=alice)
+    a = services.message_create(conversation=conversation, role="user", content="a")
+    with pytest.raises(ValueError):
+        services.message_create(
+            conversation=conversation, role="assistant", content="b", conversation_locked=True
+        )
+    with CaptureQueriesContext(connection) as queries:
+        b = services.message_create(
+            conversation=conversation, role="assistant", content="b", parent=a, conversation_locked=True
+        )
+    assert not [q for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
+    a.refresh_from_db()
+    conversation.refresh_from_db()
+    assert (b.parent_id, a.active_child_id, conversation.active_leaf_id) == (a.id, b.id, b.id)
+    assert path_contents(conversation) == ["a", "b"]
+
+
 def test_edit_creates_a_sibling_branch_and_switching_back_restores_the_old_one(alice, redis_clean):
     first = generations.reply_request(user=alice, conversation_id=None, content="q1")
     finish(first, "r1")

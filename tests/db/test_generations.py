@@ -167,6 +167,21 @@ def test_history_excludes_empty_replies_and_later_messages(alice, redis_clean):
     assert turns == [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]
 
 
+def test_branch_ids_line_up_with_the_turns_a_blocked_message_left_out_of_both(alice, redis_clean):
+    """Memory's recall leaves out the turns inside the window by these ids (``turn_ids[omitted:]``): a blocked
+    user message must be missing from the ids as from the turns, or the window's ids shift by one."""
+    conversation = services.conversation_create(owner=alice)
+    q1 = services.message_create(conversation=conversation, role="user", content="q1")
+    a1 = services.message_create(conversation=conversation, role="assistant", content="a1")
+    services.message_create(conversation=conversation, role="user", content="bad", status="blocked")
+    q2 = services.message_create(conversation=conversation, role="user", content="q2")
+    reply = services.message_create(conversation=conversation, role="assistant", content="", status="queued")
+    _system, turns, ids = generation_worker.generation_branch(message=reply)
+    assert [t["content"] for t in turns] == ["q1", "a1", "q2"]
+    assert ids == [q1.pk, a1.pk, q2.pk]
+    assert generation_worker.generation_history(message=reply)[1] == turns
+
+
 def test_regenerate_keeps_the_last_reply_as_a_sibling(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     message = generation_worker.generation_start(message_id=ticket.message.id)

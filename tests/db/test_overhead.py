@@ -26,13 +26,13 @@ pytestmark = pytest.mark.django_db
 
 #: Round trips of a ``send`` (with the page's ``client_id``) to an existing conversation: the idempotency
 #: lookup, the conversation, the prompt bound (one aggregate), the concurrency count, the quota (insert,
-#: conditional update, read) and the organisation's cap, the two messages (lock, insert, parent, leaf each),
-#: the input guard's verdict, the busy check, the reservation, the rollout, the place in line, and whether the
+#: conditional update, read) and the organisation's cap, the two messages (insert, parent, leaf each, and one
+#: row lock for both: the reply's message_create reuses the user message's), the input guard's verdict, the busy check, the reservation, the rollout, the place in line, and whether the
 #: question's vector is wanted (conversations.recall.question_vector_wanted: one query that spares the
 #: embeddings worker a model call per send nothing would read); BEGIN/COMMIT are not counted. Before the cut it
 #: was 29 without the organisation, guard and vector reads (docs/overhead.md): savepoints per message, the
 #: owner and tier read again for dispatch, two counts each for the prompt bound and the place in line.
-SEND_QUERIES = 24
+SEND_QUERIES = 23
 
 
 def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
