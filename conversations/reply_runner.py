@@ -206,21 +206,10 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         # timing can reveal this user's text.
         cache_salt=f"user:{message.conversation.owner_id}",
     )
-    # The context's record is written while the engine prefills, not before (off the first token's path:
-    # docs/overhead.md, lever 15); the engine request is cancelled should the write fail.
-    try:
-        with tracing.span("context.record"):
-            generation_set_context(
-                message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens
-            )
-            if cited.cited:
-                citations_record(reply_id=message.id, cited=cited.cited)
-    except BaseException:
-        handle.cancel()
-        raise
-    # Nothing is read or written until the final write: give the connection back (to the pool) for the
-    # decode, so a worker's concurrent replies do not each hold one (DB_POOL_MAX_SIZE, docs/overhead.md).
+    # Until the context is recorded (after the first token's publish), hold no connection: give it back to
+    # the pool, so a worker's queued and decoding replies do not each hold one (DB_POOL_MAX_SIZE).
     close_request_connections()
+    recorded = False
     broadcast.publish(
         message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
     )
@@ -256,8 +245,12 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
                     publish_failures += 1
                     if publish_failures == 1:
                         logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
+                if not recorded:
+                    recorded = _record_context(handle, message, context, cited)
             else:
                 final = event
+    if not recorded:
+        _record_context(handle, message, context, cited)
     assert final is not None, "the engine ends every request with a FinishEvent"
     t = final.timings
     timer.finish_event(final)
@@ -277,6 +270,26 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         if verdict is not None and verdict.blocked:
             return _finish_blocked(message, final, verdict)
         return _finish(message, final, verdict)
+
+
+def _record_context(handle, message: Message, context, cited: DocumentsContext) -> bool:
+    """Record the reply's window (omitted turns, prompt tokens) and its cited passages; True. Called once the
+    first delta is published (or at the end of a reply that published none), not before the engine's
+    prefill: written then, it slowed the prefill it overlapped and the first token waited for it
+    (docs/overhead.md, lever 15). Cancels the engine request and re-raises when the write fails."""
+    try:
+        with tracing.span("context.record"):
+            generation_set_context(
+                message=message, omitted=context.omitted, prompt_tokens=context.prompt_tokens
+            )
+            if cited.cited:
+                citations_record(reply_id=message.id, cited=cited.cited)
+    except BaseException:
+        handle.cancel()
+        raise
+    finally:
+        close_request_connections()  # the decode holds no connection (see above)
+    return True
 
 
 def _documents_context(engine, message: Message, turns: list[dict], budget: int):
