@@ -8,7 +8,8 @@ from django.db import models
 class ApiKey(models.Model):
     """A bearer secret ``cs-<prefix>_<secret>`` that acts as its user on ``/v1`` and ``/api``.
 
-    ``revoked_at`` set => refused at once; ``last_used_at`` is written on each authenticated request.
+    ``revoked_at`` set => refused at once; ``last_used_at``: the last authenticated request, to a minute
+    (``api.selectors.LAST_USED_RESOLUTION_S``).
     """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")

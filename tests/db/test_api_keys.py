@@ -2,6 +2,7 @@
 ``manage.py create_api_key``, and that a key only ever reaches its own user's conversations."""
 
 import hashlib
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
@@ -23,6 +24,19 @@ def test_key_is_stored_as_sha256_only_with_visible_prefix(alice):
     assert raw not in str([getattr(stored, f.attname) for f in ApiKey._meta.fields])
     assert api_key_user(raw_key=raw) == alice
     assert ApiKey.objects.get(pk=api_key.pk).last_used_at is not None
+
+
+def test_last_used_is_written_at_most_once_a_minute(alice, django_assert_num_queries):
+    api_key, raw = api_key_create(user=alice)
+    api_key_user(raw_key=raw)
+    first = ApiKey.objects.get(pk=api_key.pk).last_used_at
+    with django_assert_num_queries(1):  # the lookup only: used again within the minute
+        assert api_key_user(raw_key=raw) == alice
+    assert ApiKey.objects.get(pk=api_key.pk).last_used_at == first
+    ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=first - timedelta(seconds=61))
+    with django_assert_num_queries(2):  # a minute later it is written again
+        assert api_key_user(raw_key=raw) == alice
+    assert ApiKey.objects.get(pk=api_key.pk).last_used_at > first
 
 
 def test_two_keys_never_collide_and_wrong_keys_fail(alice):
