@@ -7,7 +7,7 @@ from api.models import ApiKey
 from api.services import KEY_PREFIX, hash_key
 
 #: ``last_used_at`` is a key's last use to this many seconds: a key used again sooner is not written again
-#: (one UPDATE and commit less on nearly every API request; the keys page shows the day).
+#: (one UPDATE and commit less on nearly every API request; the keys page shows it to the minute).
 LAST_USED_RESOLUTION_S = 60
 
 
