@@ -16,10 +16,11 @@ Formula, for a model ``m`` and a request of priority ``p``::
     ahead   = min(waiting in m's engines, max(0, streaming(m, priority >= p) - running in m's engines))
               + queued(m, priority >= p)
     free    = running slots left in m's engines that have nothing waiting (max_num_seqs - running)
-    rate    = capacity per worker x workers, where the capacity is the decode tokens/s measured while the
-              engines had requests waiting (saturated), best recent reading decaying 10 % per read;
-              ADMISSION_DECODE_TOKENS_PER_S until one was measured; an unsaturated fleet's own measured
-              rate when higher
+    rate    = capacity per worker x workers, where the capacity is estimated from the decode tokens/s
+              measured while the engines had requests waiting (saturated): a higher reading is taken at
+              once, a lower one lowers the estimate by at most 10 % per read; it starts from
+              ADMISSION_DECODE_TOKENS_PER_S and is kept while unsaturated; an unsaturated fleet's own
+              measured rate when higher
     wait(m, p) = max(0, ahead - free) * ADMISSION_MEAN_REPLY_TOKENS / rate   # 0 when the free slots take all
 
 i.e. a request starts when the ``ahead`` requests before it have started; the first ``free`` of them (and it)
@@ -55,9 +56,10 @@ _recent: list[tuple[float, str, int]] = []
 # passing the gate on the same figures is refused there at once instead of after waiting for the service.
 _pending: dict[int, tuple[str, int]] = {}
 _pending_tokens = itertools.count(1)
-# Per model: (decode rate in tokens/s measured while its engines had requests waiting, i.e. their capacity;
-# monotonic time of that reading).
-_capacity: dict[str, tuple[float, float]] = {}
+# Per model: the estimated capacity per worker (decode tokens/s while its engines have requests waiting).
+_capacity: dict[str, float] = {}
+#: A saturated reading below the estimate lowers it by at most this share per read.
+CAPACITY_STEP_DOWN = 0.10
 
 
 _cached_only: ContextVar[bool] = ContextVar("load_cached_only", default=False)
@@ -164,13 +166,17 @@ def fleet_load() -> dict[str, ModelLoad]:
             waiting = sum(w.waiting for w in workers)
             measured = sum(w.decode_tokens_per_s for w in workers)
             if waiting > 0 and measured > 0:
-                # Saturated: the measured rate is the capacity. A 5 s window full of prefill reads low, so
-                # keep the best recent figure, decaying 10 % per ADMISSION_LOAD_CACHE_S towards newer ones.
-                previous, stamp = _capacity.get(model, (0.0, 0.0))
-                ttl = settings.ADMISSION_LOAD_CACHE_S
-                decay = 0.9 ** ((time.monotonic() - stamp) / ttl) if ttl > 0 else 0.9
-                _capacity[model] = (max(measured / len(workers), decay * previous), time.monotonic())
-            per_worker = _capacity.get(model, (settings.ADMISSION_DECODE_TOKENS_PER_S,))[0]
+                # Saturated: the measured rate is a reading of the capacity. A window full of prefill (or of a
+                # burst's first second) reads low, so a reading above the estimate is taken at once and one
+                # below it lowers it by at most CAPACITY_STEP_DOWN per read: a sustained lower rate is learned
+                # within ~20 reads, one stray reading moves it 10 %. The estimate starts from
+                # ADMISSION_DECODE_TOKENS_PER_S and is kept while the fleet is not saturated: idle time says
+                # nothing about capacity. (Before 2026-11-27 the last estimate decayed with wall time, so
+                # after an idle minute a burst's first, prefill-heavy reading became the capacity, and one
+                # request ahead read as a minute of wait: 503 `busy` on a nearly idle fleet.)
+                previous = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
+                _capacity[model] = max(measured / len(workers), (1 - CAPACITY_STEP_DOWN) * previous)
+            per_worker = _capacity.get(model, settings.ADMISSION_DECODE_TOKENS_PER_S)
             loads[model] = ModelLoad(
                 model=model,
                 workers=len(workers),

@@ -1,6 +1,8 @@
 """Admission control on the fleet's expected wait, with worker statuses published to the real test Redis
 and replies queued in the real database (no mocks of our own code)."""
 
+import time
+
 import pytest
 from django.db import transaction
 
@@ -196,6 +198,11 @@ def test_free_requests_waiting_in_an_engine_are_not_ahead_of_paid_ones(
 
 def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_settings, redis_clean):
     saturate(waiting=10, decode_tokens_per_s=50.0)  # measured while saturated: 50 tok/s, not the 100 assumed
+    # One reading lowers the estimate by a tenth (a window full of prefill reads low) ...
+    assert load.expected_wait_s(tier=alice.tier) == pytest.approx(10 * 100 / 90)
+    for _ in range(10):  # ... a rate read again and again is learned
+        load.forget_reads()
+        load.fleet_load()
     assert load.expected_wait_s(tier=alice.tier) == pytest.approx(10 * 100 / 50)
     Message.objects.filter(status="streaming").update(status="completed")
     # every slot taken (no free slot to start in), nothing waiting: the rate read now is not a capacity
@@ -207,6 +214,23 @@ def test_a_saturated_fleet_teaches_admission_its_real_decode_rate(alice, fleet_s
     )
     load.forget_reads()  # keep the learned capacity
     assert load.expected_wait_s(tier=alice.tier) == pytest.approx(1 * 100 / 50)
+
+
+def test_after_an_idle_spell_a_bursts_first_low_reading_moves_the_capacity_by_a_tenth(
+    alice, fleet_settings, redis_clean
+):
+    """Idle time says nothing about capacity: a prefill-heavy first reading of a burst (5 tok/s) after an idle
+    spell lowers a learned 200 tok/s by 10 %, not to 5 (one request ahead would read as 20 s of wait)."""
+    fleet_settings.ADMISSION_LOAD_CACHE_S = 0.01  # the unit a wall-clock decay would have counted in
+    publish_worker(fake_worker(MODEL, waiting=5, running=4, max_num_seqs=4, decode_tokens_per_s=200.0))
+    assert load.fleet_load()[MODEL].decode_tokens_per_s == pytest.approx(200.0)
+    publish_worker(fake_worker(MODEL, waiting=0, running=0, decode_tokens_per_s=0.0))  # idle
+    assert load.fleet_load()[MODEL].decode_tokens_per_s == pytest.approx(200.0)
+    time.sleep(0.3)
+    publish_worker(fake_worker(MODEL, waiting=5, running=4, max_num_seqs=4, decode_tokens_per_s=5.0))
+    assert load.fleet_load()[MODEL].decode_tokens_per_s == pytest.approx(180.0)
+    publish_worker(fake_worker(MODEL, waiting=5, running=4, max_num_seqs=4, decode_tokens_per_s=400.0))
+    assert load.fleet_load()[MODEL].decode_tokens_per_s == pytest.approx(400.0)  # a higher one at once
 
 
 def test_queued_replies_that_fit_the_free_slots_wait_for_nothing(alice, fleet_settings, redis_clean):
