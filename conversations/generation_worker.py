@@ -1,5 +1,5 @@
 """The worker side of a generated reply, called by ``conversations/reply_runner.py``: claim a queued reply
-(:func:`generation_start`), read its branch (:func:`generation_history`), record its context
+(:func:`generation_start`), read its branch (:func:`generation_branch`), record its context
 (:func:`generation_set_context`) and write its final state once (:func:`generation_finish`).
 """
 
@@ -43,17 +43,12 @@ def generation_requeue(*, message: Message) -> bool:
     )
 
 
-def generation_history(*, message: Message) -> tuple[str, list[dict[str, str]]]:
-    """``(system_prompt, turns)`` preceding ``message`` on its own branch (its ancestors; other branches
-    are never included), oldest first, as chat-template dicts. Replies that ended with no text (failed,
-    cancelled before any token, blocked) and user messages the content policy blocked are left out."""
-    system_prompt, turns, _ids = generation_branch(message=message)
-    return system_prompt, turns
-
-
 def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], list[int]]:
-    """:func:`generation_history` and the message id of each turn (same order, same length), from one read
-    of the branch: what memory's recall excludes as already inside the window."""
+    """``(system_prompt, turns, turn_ids)`` preceding ``message`` on its own branch (its ancestors; other
+    branches are never included), oldest first: ``turns`` as chat-template dicts and ``turn_ids`` the message
+    id of each (same order, same length; what memory's recall excludes as already inside the window), from one
+    read of the branch. Replies that ended with no text (failed, cancelled before any token, blocked) and user
+    messages the content policy blocked are left out."""
     earlier = [
         m
         for m in branches.ancestors(message=message)

@@ -246,7 +246,8 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
                     if publish_failures == 1:
                         logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
                 if not recorded:
-                    recorded = _record_context(handle, message, context, cited)
+                    _record_context(handle, message, context, cited)
+                    recorded = True
             else:
                 final = event
     if not recorded:
@@ -272,8 +273,8 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         return _finish(message, final, verdict)
 
 
-def _record_context(handle, message: Message, context, cited: DocumentsContext) -> bool:
-    """Record the reply's window (omitted turns, prompt tokens) and its cited passages; True. Called once the
+def _record_context(handle, message: Message, context, cited: DocumentsContext) -> None:
+    """Record the reply's window (omitted turns, prompt tokens) and its cited passages. Called once the
     first delta is published (or at the end of a reply that published none), not before the engine's
     prefill: written then, it slowed the prefill it overlapped and the first token waited for it
     (docs/overhead.md, lever 15). Cancels the engine request and re-raises when the write fails."""
@@ -289,7 +290,6 @@ def _record_context(handle, message: Message, context, cited: DocumentsContext) 
         raise
     finally:
         close_request_connections()  # the decode holds no connection (see above)
-    return True
 
 
 def _documents_context(engine, message: Message, turns: list[dict], budget: int):

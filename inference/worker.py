@@ -99,7 +99,8 @@ class WorkerHost:
         """This worker's current :class:`~inference.fleet.WorkerStatus` (engine load + identity).
 
         ``decode_tokens_per_s`` is the rate of the engine's ``decode_tokens_total`` counter over the last
-        ~5 s of work (:class:`~inference.fleet.DecodeRate`), and the pending-token figures come from the engine's load, where the engine reports them."""
+        ~5 s of work (:class:`~inference.fleet.DecodeRate`), and the pending-token figures come from the
+        engine's load, where the engine reports them."""
         load = self.engine.load()
         health = self.health()
         now = time.monotonic()

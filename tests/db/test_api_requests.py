@@ -224,7 +224,7 @@ def test_completion_stores_messages_system_prompt_and_sampling_on_the_reply(alic
     ]
     reply.refresh_from_db()
     assert reply.status == "queued" and reply.sampling == sampling and reply.model_name == MODEL
-    system, turns = generation_worker.generation_history(message=reply)
+    system, turns, _ids = generation_worker.generation_branch(message=reply)
     assert system == "Be brief." and [t["content"] for t in turns] == ["Hello", "Hi!", "Again"]
 
 

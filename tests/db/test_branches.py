@@ -92,7 +92,7 @@ def test_regenerate_adds_a_sibling_reply_and_context_follows_the_active_branch_o
     assert (page.messages[1].sibling_index, page.messages[1].sibling_count) == (2, 2)
 
     follow = generations.reply_request(user=alice, conversation_id=conversation.id, content="more")
-    _system, turns = generation_worker.generation_history(message=follow.message)
+    _system, turns, _ids = generation_worker.generation_branch(message=follow.message)
     assert [t["content"] for t in turns] == ["question", "answer two", "more"]  # never "answer one"
 
 
@@ -104,7 +104,7 @@ def test_continue_follows_a_reply_cut_at_the_length_limit(alice, redis_clean):
     )
     cont = generations.reply_continue(user=alice, message_id=message.id)
     assert cont.message.parent_id == message.id and cont.message.status == "queued"
-    _system, turns = generation_worker.generation_history(message=cont.message)
+    _system, turns, _ids = generation_worker.generation_branch(message=cont.message)
     assert turns[-1] == {"role": "assistant", "content": "Once upon"}
 
 

@@ -62,9 +62,9 @@ def test_blocked_input_keeps_the_message_stores_no_reply_and_charges_nothing(ali
     ticket = generations.reply_request(
         user=alice, conversation_id=blocked.value.conversation_id, content="Hi!"
     )
-    from conversations.generation_worker import generation_history
+    from conversations.generation_worker import generation_branch
 
-    _, turns = generation_history(message=ticket.message)
+    _, turns, _ids = generation_branch(message=ticket.message)
     assert turns == [{"role": "user", "content": "Hi!"}]
     assert ModerationVerdict.objects.filter(message_id=ticket.user_message_id, action="allow").exists()
     # Regenerating cannot answer a blocked message; resending it (same client_id) is refused again.
