@@ -6,7 +6,9 @@ reply can cost (prompt upper bound + the tier's reply limit) with ONE conditiona
     UPDATE billing_dailyquota SET reserved_tokens = reserved_tokens + n
      WHERE user_id = u AND day = d AND used_tokens <= limit + granted_tokens - reserved_tokens - n
 
-PostgreSQL re-evaluates the WHERE clause on the latest row version after taking the row lock, so twenty
+(in practice one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` with that clause, which also creates the
+day's first row: :func:`_upsert_reserve`). PostgreSQL re-evaluates the WHERE clause on the latest row
+version after taking the row lock, so twenty
 concurrent admissions of one user serialize on that row and the sum ``used + reserved`` can never pass
 ``limit + granted`` (the same idea as a bank ledger's "available balance" hold). When the reply ends
 (finished, cancelled, failed, interrupted) :func:`quota_settle` deletes its reservation row and moves the
@@ -151,6 +153,15 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
     if pool is not None:
         return _pool_reserve(user=user, pool=pool, tokens=tokens, day=day)
     limit = user.tier.tokens_per_day
+    if tokens <= limit:  # a new day's row can hold it: the upsert creates or updates the row in one statement
+        row = _upsert_reserve(user_id=user.pk, day=day, limit=limit, tokens=tokens)
+        if row is not None:
+            return row
+        row = DailyQuota.objects.get(user_id=user.pk, day=day)  # it exists: the conflict branch refused
+        raise QuotaExceeded(
+            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
+            needed=tokens,
+        )
     _ensure_row(user_id=user.pk, day=day)
     rows = DailyQuota.objects.filter(
         user_id=user.pk,
@@ -164,6 +175,26 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
             needed=tokens,
         )
     return row
+
+
+_UPSERT_RESERVE = """
+INSERT INTO {table} AS q (user_id, day, used_tokens, reserved_tokens, granted_tokens)
+VALUES (%(user_id)s, %(day)s, 0, %(tokens)s, 0)
+ON CONFLICT (user_id, day) DO UPDATE SET reserved_tokens = q.reserved_tokens + EXCLUDED.reserved_tokens
+ WHERE q.used_tokens <= %(limit)s + q.granted_tokens - q.reserved_tokens - %(tokens)s
+RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens
+"""
+
+
+def _upsert_reserve(*, user_id: int, day: date, limit: int, tokens: int) -> DailyQuota | None:
+    """Reserve ``tokens`` (at most ``limit``, so a new day's row holds them) in ONE statement: create the
+    day's row holding them, or add them to the existing row under the module docstring's clause. On a
+    conflict PostgreSQL locks the existing row and evaluates the clause on its latest version, as the
+    conditional UPDATE does. Returns the updated row, or None when the clause refused (the row exists).
+    One round trip instead of three (insert-if-missing, update, read; docs/overhead.md, lever 16)."""
+    sql = _UPSERT_RESERVE.format(table=DailyQuota._meta.db_table)
+    params = {"user_id": user_id, "day": day, "limit": limit, "tokens": tokens}
+    return next(iter(DailyQuota.objects.raw(sql, params)), None)
 
 
 def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:

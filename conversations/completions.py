@@ -79,7 +79,8 @@ def completion_request(
         )
         # Through message_create: each turn follows the previous one on the branch tree (issue 12), so the
         # reply's context (its ancestors) holds every turn of the request.
-        # The conversation is this transaction's own (no other one sees it yet): no row lock to take.
+        # The conversation is this transaction's own (no other one sees it yet): no row lock to take. Only
+        # the reply, the last message, moves the conversation's leaf (one round trip per turn less).
         last_user = previous = None
         for turn in turns:
             previous = message_create(
@@ -88,6 +89,7 @@ def completion_request(
                 content=turn["content"],
                 parent=previous,
                 conversation_locked=True,
+                reply_follows=True,
             )
             last_user = previous if turn["role"] == "user" else last_user
         reply = message_create(
@@ -98,11 +100,8 @@ def completion_request(
             model_name=admission.model_name,
             parent=previous,
             conversation_locked=True,
+            fields={"sampling": sampling or None, "api_user": api_user, "api_metadata": api_metadata or None},
         )
-        reply.sampling = sampling or None
-        reply.api_user = api_user
-        reply.api_metadata = api_metadata or None
-        reply.save(update_fields=["sampling", "api_user", "api_metadata"])
         admission.attach(reply)
         moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
         if on_queued is not None:

@@ -198,20 +198,24 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
     async def _handle_frame(self, frame, started: float):
         try:
             refused = self.refusal_from_memory(frame)
+            # The warmer found this socket's session current less than ADMISSION_LOAD_CACHE_S ago: the frame
+            # needs no session read of its own (the same staleness bound as the admission figures; a log-out
+            # closes the session's sockets at once anyway; docs/overhead.md, lever 16).
+            verified = load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk)
             if refused is not None:
                 # Decided from cached figures on the event loop, nothing stored: answered before any thread
                 # hop. Unless the warmer verified the session just now, the check below still runs and
                 # closes the socket if the session ended.
                 await self.send_error(refused.code, refused.message, retry_after=refused.retry_after)
                 metrics.WS_REFUSAL.labels("memory").observe(time.perf_counter() - started)
-                if load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk):
-                    return  # and the warmer found the session current within ADMISSION_LOAD_CACHE_S
+                if verified:
+                    return
             # Let through the cached gate: its service's thread checks the session first (one hop for both).
-            self.session_deferred = refused is None and self.pending is not None
+            self.session_deferred = refused is None and self.pending is not None and not verified
             # Off Channels' shared database thread: a frame does not queue behind other sockets' writes.
-            if not self.session_deferred and not await db_call(session_is_current, thread_sensitive=False)(
-                session_key=self.session_key, user_id=self.user.pk
-            ):
+            if not (verified or self.session_deferred) and not await db_call(
+                session_is_current, thread_sensitive=False
+            )(session_key=self.session_key, user_id=self.user.pk):
                 await self.end_session("expired")
                 return
             if refused is None:
@@ -279,6 +283,7 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
                 content=frame.content,
                 client_id=frame.client_id,
                 model=frame.model,
+                resend=frame.resend,
             )
         if not ticket.duplicate:
             self.note_sent(ticket.message.id, started)

@@ -39,8 +39,9 @@ def assemble_context(
     """Fit ``history`` (oldest first, ending with the user turn to answer) into ``budget_tokens``.
 
     ``tokenize(messages)`` returns the token ids of the rendered chat template including the generation
-    prompt. Their count is monotonic in the number of turns kept, so a binary search needs O(log n) renders;
-    each window is rendered at most once.
+    prompt. The whole history is tried first: while a conversation fits (most replies), that is the only
+    render. Otherwise the count is monotonic in the number of turns kept, so a binary search needs O(log n)
+    more renders; each window is rendered at most once.
     Raises :class:`ContextTooLong` when the newest turn cannot fit, ``ValueError`` for an empty history.
     """
     if not history:
@@ -57,6 +58,8 @@ def assemble_context(
     def count(start: int) -> int:
         return len(ids(start))
 
+    if count(0) <= budget_tokens:  # it all fits: one render (docs/overhead.md, lever 16)
+        return AssembledContext(messages=head + list(history), omitted=0, prompt_token_ids=ids(0))
     last = len(history) - 1
     if count(last) > budget_tokens:
         raise ContextTooLong(

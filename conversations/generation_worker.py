@@ -5,13 +5,15 @@
 
 from collections.abc import Callable
 
-from django.db import transaction
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.utils import timezone
 
+from billing.models import Tier
 from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, recall
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from database.storable_text import storable_text
 from documents.selectors import citations_for_messages
 from events import broadcast
@@ -19,17 +21,46 @@ from events import broadcast
 
 def generation_start(*, message_id: int, trace_id: str = "", model_version: str = "") -> Message | None:
     """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
-    version of the worker that generates it. None when it is no longer queued (cancelled meanwhile, or a
-    redelivered task whose reply already ended)."""
-    claimed = Message.objects.filter(pk=message_id, status=Message.Status.QUEUED).update(
-        status=Message.Status.STREAMING,
-        updated_at=timezone.now(),
-        trace_id=trace_id,
-        model_version=model_version,
+    version of the worker that generates it, and return it with its conversation, owner and tier loaded, all
+    in one statement (an ``UPDATE ... RETURNING`` joined to the three rows; it was the update and a
+    ``select_related`` read: docs/overhead.md, lever 16). None when it is no longer queued (cancelled
+    meanwhile, or a redelivered task whose reply already ended)."""
+    row_models = (Message, Conversation, get_user_model(), Tier)
+    fields = [list(model._meta.concrete_fields) for model in row_models]
+    columns = ", ".join(
+        f'{alias}."{f.column}"'
+        for alias, model_fields in zip("mcut", fields, strict=True)
+        for f in model_fields
     )
-    if not claimed:
+    message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    sql = f"""
+        WITH m AS (
+            UPDATE "{message_table}" SET status = %s, updated_at = %s, trace_id = %s, model_version = %s
+             WHERE id = %s AND status = %s RETURNING *)
+        SELECT {columns} FROM m
+          JOIN "{conversation_table}" c ON c.id = m.conversation_id
+          JOIN "{user_table}" u ON u.id = c.owner_id
+          JOIN "{tier_table}" t ON t.id = u.tier_id"""
+    params = [Message.Status.STREAMING, timezone.now(), trace_id, model_version, message_id]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, Message.Status.QUEUED])
+        row = cursor.fetchone()
+    if row is None:
         return None
-    return Message.objects.select_related("conversation__owner__tier").get(pk=message_id)
+    loaded, values = [], iter(row)
+    for model, model_fields in zip(row_models, fields, strict=True):
+        # Each field's own converters, as a queryset applies them (JSONField decodes its text, ...).
+        converted = []
+        for field, value in zip(model_fields, values, strict=False):
+            for convert in field.get_db_converters(connection):
+                value = convert(value, field.cached_col, connection)
+            converted.append(value)
+        loaded.append(model.from_db(connection.alias, [f.attname for f in model_fields], converted))
+    message, conversation, owner, tier = loaded
+    owner.tier = tier
+    conversation.owner = owner
+    message.conversation = conversation
+    return message
 
 
 def generation_requeue(*, message: Message) -> bool:

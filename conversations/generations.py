@@ -160,14 +160,21 @@ def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
 
 
 def reply_request(
-    *, user, conversation_id: int | None, content: str, client_id=None, model: str | None = None
+    *,
+    user,
+    conversation_id: int | None,
+    content: str,
+    client_id=None,
+    model: str | None = None,
+    resend: bool = True,
 ) -> ReplyTicket:
     """Store the user's message and a queued assistant reply in one transaction and dispatch the generation
     task on commit. ``conversation_id`` None starts a new conversation titled from ``content``.
 
     ``client_id`` (a UUID chosen by the page, the idempotency key): when a user message with that key is
     already stored, nothing new is stored and its ticket comes back with ``duplicate=True``; the unique
-    constraints settle two resends racing each other.
+    constraints settle two resends racing each other. Only a ``resend`` (the protocol's) is looked up first;
+    a first send meeting a stored key gets its ticket from the constraint's error (docs/overhead.md, 16).
 
     ``model``: the model the user picked on the page, one of the tier's (``models_for_tier``); "" = the
     tier's routing; None = the conversation's remembered choice. A given ``model`` is remembered on the
@@ -181,15 +188,17 @@ def reply_request(
     """
     if not (content or "").strip():
         raise GenerationError("invalid_request", "The message is empty.")
-    if client_id is not None:
+    if client_id is not None and resend:
         existing = _ticket_for_client_id(user=user, client_id=client_id)
         if existing is not None:
             return existing
     verdict = moderation.input_check(user=user, text=content.strip())
     if verdict.blocked:
-        raise _store_blocked(
-            user=user, verdict=verdict, conversation_id=conversation_id, content=content, client_id=client_id
-        )
+        fields = {"conversation_id": conversation_id, "content": content, "client_id": client_id}
+        try:
+            raise _store_blocked(user=user, verdict=verdict, **fields)  # the ContentBlocked to answer with
+        except IntegrityError as exc:
+            return _stored_ticket(user=user, client_id=client_id, error=exc)
     # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
     # (cached figures only).
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
@@ -209,7 +218,11 @@ def reply_request(
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
             user_message = message_create(
-                conversation=conversation, role=Message.Role.USER, content=content, client_id=client_id
+                conversation=conversation,
+                role=Message.Role.USER,
+                content=content,
+                client_id=client_id,
+                reply_follows=True,  # _queue_reply stores its reply next, which moves the leaf
             )
             moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
             assistant = _queue_reply(
@@ -219,12 +232,18 @@ def reply_request(
                 question_prefetch_settled=True,
                 conversation_locked=True,
             )
-    except IntegrityError:
-        existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
-        if existing is None:
-            raise
-        return existing
+    except IntegrityError as exc:
+        return _stored_ticket(user=user, client_id=client_id, error=exc)
     return _ticket(assistant, user_message_id=user_message.id, admission=admission)
+
+
+def _stored_ticket(*, user, client_id, error: IntegrityError) -> ReplyTicket:
+    """The ticket of the message stored under ``client_id``, for a send whose insert met a unique constraint
+    (its key taken); raises ``error`` when no message holds that key (another constraint failed)."""
+    existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
+    if existing is None:
+        raise error
+    return existing
 
 
 def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id):

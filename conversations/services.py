@@ -89,6 +89,8 @@ def message_create(
     parent: Message | None | _Append = APPEND,
     client_id=None,
     conversation_locked: bool = False,
+    reply_follows: bool = False,
+    fields: dict | None = None,
 ) -> Message:
     """Store a message as the new active leaf and move its conversation to the top of the sidebar.
 
@@ -100,6 +102,10 @@ def message_create(
     ``conversation_locked``: the caller's transaction already holds the conversation's row lock (it stored a
     message there just now, or created the conversation) and gives an explicit ``parent``, so the lock is
     not taken again (one round trip less per message on the send path; ValueError with ``parent`` left out).
+    ``reply_follows``: the caller stores a child of this message in the same transaction right after (a
+    send's queued reply), whose own ``message_create`` moves the conversation's leaf; this one leaves the
+    conversation row alone (one round trip less; ``conversation.active_leaf_id`` is still set in memory).
+    ``fields``: more of the message's own fields, stored with its insert (an API reply's ``sampling``).
     """
     if conversation_locked and isinstance(parent, _Append):
         raise ValueError("conversation_locked needs an explicit parent")
@@ -123,9 +129,13 @@ def message_create(
             status=status,
             model_name=model_name,
             client_id=client_id,
+            **(fields or {}),
         )
         if parent_id is not None:
             Message.objects.filter(pk=parent_id).update(active_child=message)
-        Conversation.objects.filter(pk=conversation.pk).update(active_leaf=message, updated_at=timezone.now())
+        if not reply_follows:
+            Conversation.objects.filter(pk=conversation.pk).update(
+                active_leaf=message, updated_at=timezone.now()
+            )
         conversation.active_leaf_id = message.pk
     return message

@@ -268,12 +268,14 @@ def thread_hops(monkeypatch):
 
 
 async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_check_included(
-    session_cookie, alice, client, redis_clean, settings, thread_hops
+    session_cookie, alice, client, redis_clean, settings, thread_hops, monkeypatch
 ):
     """The session check and the service run in one worker-thread call, and the ``queued`` frame is built from
-    the service's own objects; the check still stops a send whose session ended, storing nothing."""
-    from conversations import load
+    the service's own objects; the check still stops a send whose session ended, storing nothing. (Here the
+    warmer never counts as having verified the session; the next test is the case where it has.)"""
+    from conversations import load, load_warmer
 
+    monkeypatch.setattr(load_warmer, "session_verified", lambda **_: False)
     settings.ADMISSION_LOAD_CACHE_S = 30.0
     await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
     ws = await open_socket(session_cookie)
@@ -299,6 +301,55 @@ async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_che
     assert (await ws.receive_output(timeout=5))["code"] == 4401
     stored = await database_sync_to_async(Message.objects.filter(conversation__owner=alice).count)()
     assert stored == 2  # the first send's user message and reply only
+
+
+async def test_a_send_from_a_session_the_warmer_just_verified_reads_no_session_and_a_stale_one_does(
+    session_cookie, alice, client, redis_clean, settings, thread_hops, monkeypatch
+):
+    """The warmer found the socket's session current less than ``ADMISSION_LOAD_CACHE_S`` ago: the send runs
+    no session read of its own (docs/overhead.md, lever 16). Once that verification is older, the send's
+    service checks the session again, and a session ended meanwhile stores nothing."""
+    from accounts import sessions
+    from conversations import consumer_admission, consumers, load, load_warmer
+
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    reads = []
+    real_check = sessions.session_is_current
+
+    def counted_check(**kwargs):
+        reads.append(kwargs)
+        return real_check(**kwargs)
+
+    for module in (consumer_admission, consumers):  # the check in the service's thread, or the frame's own
+        monkeypatch.setattr(module, "session_is_current", counted_check)
+    await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
+    ws = await open_socket(session_cookie)
+    settings.ADMISSION_LOAD_CACHE_S = 0.0  # the pass below reads every session again
+    await database_sync_to_async(
+        load_warmer.warm_once
+    )()  # the warmer's pass: this socket's session is current
+    settings.ADMISSION_LOAD_CACHE_S = 30.0
+    await database_sync_to_async(load.warm)(user_ids=[alice.pk])
+    assert load_warmer.session_verified(session_key=client.session.session_key, user_id=alice.pk)
+    thread_hops["counting"] = True
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "hello", "client_id": str(uuid4())}
+    )
+    queued = await ws.receive_json_from(timeout=10)
+    thread_hops["counting"] = False
+    assert queued["type"] == "queued", queued
+    assert (thread_hops["calls"], reads) == (["reply_request"], [])
+
+    await database_sync_to_async(Message.objects.filter(status="queued").update)(status="completed")
+    await database_sync_to_async(client.session.flush)()  # ended without any event...
+    settings.ADMISSION_LOAD_CACHE_S = 0.0  # ...and the verification is now too old
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "again", "client_id": str(uuid4())}
+    )
+    assert await ws.receive_json_from(timeout=10) == {"type": "session_ended", "reason": "expired"}
+    assert len(reads) == 1
+    stored = await database_sync_to_async(Message.objects.filter(conversation__owner=alice).count)()
+    assert stored == 2
 
 
 async def test_sends_run_on_the_reply_service_threads_and_leave_the_default_pool_to_other_frames(

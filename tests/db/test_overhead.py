@@ -14,8 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import Tier
-from conversations import generations
-from conversations.models import Message
+from conversations import completions, generations
+from conversations.models import Conversation, Message
 from conversations.reply_runner import run_generation
 from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
@@ -24,15 +24,18 @@ from tests.db.tiny_model import tiny_loaded_model
 
 pytestmark = pytest.mark.django_db
 
-#: Round trips of a ``send`` (with the page's ``client_id``) to an existing conversation: the idempotency
-#: lookup, the conversation, the prompt bound (one aggregate), the concurrency count, the quota (insert,
-#: conditional update, read) and the organisation's cap, the two messages (insert, parent, leaf each, and one
-#: row lock for both: the reply's message_create reuses the user message's), the input guard's verdict, the busy check, the reservation, the rollout, the place in line, and whether the
+#: Round trips of a first ``send`` (with the page's ``client_id``, ``resend`` false) to an existing
+#: conversation: the conversation, the prompt bound (one aggregate), the concurrency count, the quota (one
+#: upsert) and the organisation's cap, the two messages (insert and parent each, one row lock for both: the
+#: reply's message_create reuses the user message's, and only the reply moves the conversation's leaf), the
+#: input guard's verdict, the busy check, the reservation, the rollout, the place in line, and whether the
 #: question's vector is wanted (conversations.recall.question_vector_wanted: one query that spares the
-#: embeddings worker a model call per send nothing would read); BEGIN/COMMIT are not counted. Before the cut it
-#: was 29 without the organisation, guard and vector reads (docs/overhead.md): savepoints per message, the
-#: owner and tier read again for dispatch, two counts each for the prompt bound and the place in line.
-SEND_QUERIES = 23
+#: embeddings worker a model call per send nothing would read); BEGIN/COMMIT are not counted. It was 29
+#: without the organisation, guard and vector reads before the first cut (savepoints per message, the owner
+#: and tier read again for dispatch, two counts each for the prompt bound and the place in line), then 23
+#: before lever 16 (docs/overhead.md): the idempotency lookup before a first send, the quota's
+#: insert-if-missing and read, and the user message's leaf update.
+SEND_QUERIES = 19
 
 
 def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
@@ -46,7 +49,11 @@ def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_tr
 
     with django_assert_max_num_queries(SEND_QUERIES), django_capture_on_commit_callbacks(execute=True):
         ticket = generations.reply_request(
-            user=alice, conversation_id=conversation_id, content="And then?", client_id=str(uuid.uuid4())
+            user=alice,
+            conversation_id=conversation_id,
+            content="And then?",
+            client_id=str(uuid.uuid4()),
+            resend=False,
         )
 
     stored = Message.objects.filter(conversation_id=conversation_id).order_by("id")
@@ -57,7 +64,75 @@ def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_tr
         ("assistant", "queued"),
     ]
     assert ticket.position == 1 and ticket.message == stored[3]
+    assert stored[2].active_child_id == stored[3].id  # the reply's insert moved both pointers
+    assert Conversation.objects.get(pk=conversation_id).active_leaf_id == stored[3].id
     assert broker_take("inference.smollm2-135m-instruct") == [([ticket.message.id], 0)]
+
+
+#: Round trips of a streamed API completion of one user turn with sampling set (``store`` false): the
+#: concurrency count, the quota (one upsert) and the organisation's cap, the conversation, the turn (insert),
+#: the reply (insert with its sampling, parent, leaf), the reservation, the input guard's verdict and the
+#: rollout, and the savepoint pair of the test's own transaction (as in SEND_QUERIES). Before lever 16
+#: (docs/overhead.md) it was 17: the quota's insert-if-missing and read, the turn's leaf update and the
+#: reply's second write for its sampling.
+COMPLETION_QUERIES = 13
+
+
+def test_an_api_completion_costs_a_fixed_number_of_sql_round_trips(
+    alice, redis_clean, django_assert_max_num_queries, django_capture_on_commit_callbacks
+):
+    generations.reply_request(user=alice, conversation_id=None, content="Hello")  # the day's quota row exists
+    Message.objects.filter(status="queued").update(status=Message.Status.COMPLETED)
+    broker_take("inference.smollm2-135m-instruct")
+    with django_assert_max_num_queries(COMPLETION_QUERIES), django_capture_on_commit_callbacks(execute=True):
+        reply = completions.completion_request(
+            user=alice,
+            model=alice.tier.model_name,
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            sampling={"temperature": 0.2, "max_tokens": 8},
+            api_user="end-user-7",
+        )
+    reply.refresh_from_db()
+    turn = Message.objects.get(pk=reply.parent_id)
+    assert (turn.role, turn.content, turn.active_child_id) == ("user", "Hi", reply.id)
+    assert (reply.status, reply.sampling, reply.api_user) == (
+        "queued",
+        {"temperature": 0.2, "max_tokens": 8},
+        "end-user-7",
+    )
+    assert Conversation.objects.get(pk=reply.conversation_id).active_leaf_id == reply.id
+    assert broker_take("inference.smollm2-135m-instruct") == [([reply.id], 0)]
+
+
+def test_a_worker_claims_a_reply_with_its_conversation_owner_and_tier_in_one_round_trip(
+    alice, redis_clean, django_assert_num_queries
+):
+    """``generation_start`` (lever 16): the claim and the rows the reply runner reads next in one statement,
+    loaded as the ORM loads them (the reply's JSON sampling decoded); a reply is claimed once."""
+    from conversations.generation_worker import generation_start
+
+    reply = completions.completion_request(
+        user=alice,
+        model=alice.tier.model_name,
+        messages=[{"role": "user", "content": "Hi"}],
+        sampling={"temperature": 0.2, "stop": ["\n"]},
+        api_metadata={"k": "v"},
+    )
+    with django_assert_num_queries(1):
+        claimed = generation_start(message_id=reply.id, trace_id="t-1", model_version="v2")
+        tier_name = claimed.conversation.owner.tier.name
+    fresh = Message.objects.select_related("conversation__owner__tier").get(pk=reply.id)
+    assert (fresh.status, fresh.trace_id, fresh.model_version) == ("streaming", "t-1", "v2")
+    assert claimed.sampling == {"temperature": 0.2, "stop": ["\n"]} and tier_name == alice.tier.name
+    for ours, orm in [
+        (claimed, fresh),
+        (claimed.conversation, fresh.conversation),
+        (claimed.conversation.owner, fresh.conversation.owner),
+        (claimed.conversation.owner.tier, fresh.conversation.owner.tier),
+    ]:
+        names = [f.attname for f in type(orm)._meta.concrete_fields]
+        assert [getattr(ours, n) for n in names] == [getattr(orm, n) for n in names]
+    assert generation_start(message_id=reply.id) is None  # no longer queued: a redelivered task skips it
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from billing.models import DailyQuota, QuotaGrant, QuotaReservation, Tier, UsageRecord
-from billing.quota import quota_day, quota_grant, quota_settle, quota_status
+from billing.quota import QuotaExceeded, quota_day, quota_grant, quota_reserve, quota_settle, quota_status
 from conversations import generation_worker, generations, reaper
 from conversations.admission import AdmissionRefused
 from conversations.models import Message
@@ -77,6 +77,58 @@ def test_twenty_concurrent_requests_near_the_limit_never_pass_the_quota(make_use
     assert (row.reserved_tokens, row.used_tokens) == (0, LIMIT - 1000 + 5 * 150)
     assert not QuotaReservation.objects.exists()
     assert sum(u.total_tokens for u in UsageRecord.objects.filter(user=carol)) == 5 * 150
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_first_requests_of_the_day_create_one_row_and_never_pass_the_quota(make_user):
+    """The reservation's upsert (billing.quota._upsert_reserve) on a day with no row yet: the first insert
+    wins, the others take the conflict branch on that row, whose clause still holds the limit."""
+    carol = make_user("carol", tier="paid")
+    Tier.objects.filter(name="paid").update(tokens_per_day=1000)
+    results: list[object] = []
+    barrier = threading.Barrier(20)
+
+    def one():
+        from accounts.models import User
+
+        user = User.objects.select_related("tier").get(pk=carol.pk)
+        barrier.wait()
+        try:
+            with transaction.atomic():
+                results.append(quota_reserve(user=user, tokens=300))
+        except QuotaExceeded as exc:
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    refused = [r for r in results if isinstance(r, QuotaExceeded)]
+    assert len(results) == 20 and len(refused) == 17, results
+    assert {r.remaining for r in refused} == {100}
+    row = DailyQuota.objects.get(user=carol)
+    assert (row.reserved_tokens, row.used_tokens) == (900, 0)
+    assert all(r.pk == row.pk and r.user_id == carol.pk for r in results if isinstance(r, DailyQuota))
+
+
+@pytest.mark.django_db
+def test_a_reservation_above_the_daily_limit_fits_only_in_what_a_grant_added(alice):
+    """A reservation larger than the tier's whole day cannot create the day's row; it fits an existing row
+    whose grant makes room (the conditional UPDATE's path), and nothing is held when it does not."""
+    Tier.objects.filter(name="free").update(tokens_per_day=100)
+    alice.refresh_from_db()
+    with pytest.raises(QuotaExceeded) as refused, transaction.atomic():
+        quota_reserve(user=alice, tokens=150)
+    assert refused.value.remaining == 100
+    assert quota_status(user=alice).reserved == 0
+    quota_grant(user=alice, tokens=100, reason="support ticket")
+    with transaction.atomic():
+        row = quota_reserve(user=alice, tokens=150)
+    assert (row.reserved_tokens, quota_status(user=alice).remaining) == (150, 50)
 
 
 @pytest.mark.django_db

@@ -77,3 +77,17 @@ def test_each_window_is_rendered_once_and_its_ids_are_returned():
     assert ctx.prompt_token_ids == fake_tokenize(ctx.messages) and ctx.prompt_tokens == len(
         ctx.prompt_token_ids
     )
+
+
+def test_a_history_that_fits_is_rendered_once():
+    """The whole history is tried first: a conversation that fits costs one render, not a binary search's
+    log2(n) + 1 (docs/overhead.md, lever 16)."""
+    history = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4, 6, 2)])
+    calls = []
+
+    def tokenize(messages):
+        calls.append(len(messages))
+        return fake_tokenize(messages)
+
+    ctx = assemble_context(system_prompt="s", history=history, budget_tokens=10_000, tokenize=tokenize)
+    assert (ctx.omitted, calls) == (0, [len(history) + 1])
