@@ -138,20 +138,23 @@ def prompt_tokens_bound_for_texts(texts: list[str]) -> int:
     )
 
 
-def prompt_tokens_upper_bound(*, conversation, new_content: str = "") -> int:
+def prompt_tokens_upper_bound(*, conversation, new_content: str = "", empty: bool = False) -> int:
     """An upper bound (tokens) of the prompt a reply in ``conversation`` can have, read without a tokenizer.
 
     Byte-level BPE tokenizers never produce more tokens than UTF-8 bytes, so the conversation's bytes
     (``octet_length`` summed in PostgreSQL) plus the chat template's fixed tokens bound the prompt; the
-    sliding window only ever drops turns."""
-    # One round trip for both figures (admission runs inside the send's transaction).
-    totals = conversation.messages.aggregate(
-        bytes=Sum(
-            Func("content", function="octet_length", output_field=IntegerField()),
-            filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
-        ),
-        count=Count("id"),
-    )
+    sliding window only ever drops turns. ``empty``: the caller knows the conversation holds no message yet
+    (its own transaction created it), so nothing is read."""
+    if empty:
+        totals = {"bytes": 0, "count": 0}
+    else:  # one round trip for both figures (admission runs inside the send's transaction)
+        totals = conversation.messages.aggregate(
+            bytes=Sum(
+                Func("content", function="octet_length", output_field=IntegerField()),
+                filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
+            ),
+            count=Count("id"),
+        )
     turns = totals["count"] + 2
     return (
         (totals["bytes"] or 0)

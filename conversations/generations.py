@@ -4,14 +4,13 @@
 :func:`reply_cancel`, :func:`reply_for_resume` (called by the consumer). Regenerate and edit add branches
 (``conversations.branches``). Admission and dispatch: ``conversations/reply_dispatch.py``; the worker side
 (claim, context, final write): ``conversations/generation_worker.py``; the reaper:
-``conversations/reaper.py``.
+``conversations/reaper.py``; the tickets they answer with, and a send's idempotency key:
+``conversations/tickets.py``.
 
 An assistant message moves ``queued -> streaming -> completed | cancelled | failed | interrupted``. Its
 text is written once, by ``generation_worker.generation_finish``; conditional UPDATEs (``WHERE status =
 ...``) settle races between Stop, the worker and the reaper without locks held across a generation.
 """
-
-from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -22,53 +21,25 @@ from conversations import moderation, recall, token_budget
 from conversations.admission import Admission, load_gate, model_choice, prompt_tokens_upper_bound
 from conversations.models import Conversation, Message
 from conversations.reaper import generations_reap_interrupted
-from conversations.reply_dispatch import queue_position, reply_admit, reply_dispatch
+from conversations.reply_dispatch import reply_admit, reply_dispatch
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import (
+    APPEND,
     conversation_create,
     conversation_set_model,
     message_create,
     title_from_content,
 )
+from conversations.tickets import (
+    GenerationError,
+    ReplyTicket,
+    stored_ticket,
+    ticket_for_client_id,
+    ticket_for_queued,
+)
 from events import broadcast
 from inference.registry import models_for_tier
 from observability import tracing
-
-
-class GenerationError(Exception):
-    """A reply request that cannot be served; ``code`` is a protocol error code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class ReplyTicket:
-    """What the consumer tells the browser after a request was admitted."""
-
-    message: Message
-    user_message_id: int | None
-    position: int
-    notice: str = ""
-    #: True when a resent ``send`` (same ``client_id``) found the ticket stored by the first one.
-    duplicate: bool = False
-
-
-def _ticket(assistant: Message, *, user_message_id: int | None, admission: Admission) -> ReplyTicket:
-    """The ticket of a newly queued reply: its place in line and any routing notice for the user."""
-    return ReplyTicket(
-        message=assistant,
-        user_message_id=user_message_id,
-        position=queue_position(message=assistant),
-        notice=_notice(admission),
-    )
-
-
-def _notice(admission: Admission) -> str:
-    if not admission.degraded:
-        return ""
-    return f"The service is busy, so this reply comes from the lighter model {admission.model_name}."
 
 
 def _chosen_model(*, user, conversation: Conversation, model: str | None) -> str:
@@ -100,8 +71,10 @@ def _queue_reply(
     admission: Admission,
     question_prefetch_settled: bool = False,
     conversation_locked: bool = False,
+    busy_check: bool = True,
 ) -> Message:
-    _refuse_if_busy(conversation)
+    if busy_check:  # False: the caller's transaction created the conversation
+        _refuse_if_busy(conversation)
     message = message_create(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
@@ -141,24 +114,6 @@ def _validate_content(*, user, content: str, system_prompt: str) -> str:
     return content
 
 
-def _ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
-    user_message = (
-        Message.objects.filter(conversation__owner=user, role=Message.Role.USER, client_id=client_id)
-        .select_related("conversation")
-        .first()
-    )
-    if user_message is None:
-        return None
-    if user_message.status == Message.Status.BLOCKED:  # a resend of a message the content policy refused
-        raise moderation.blocked_again(message=user_message)
-    # The reply queued with it is its first assistant child (later ones are regenerated siblings).
-    assistant = user_message.children.filter(role=Message.Role.ASSISTANT).order_by("id").first()
-    if assistant is None:  # its reply was deleted since; the page already moved on
-        raise GenerationError("invalid_request", "This message was already sent.")
-    position = queue_position(message=assistant) if assistant.status == Message.Status.QUEUED else 0
-    return ReplyTicket(message=assistant, user_message_id=user_message.id, position=position, duplicate=True)
-
-
 def reply_request(
     *,
     user,
@@ -189,7 +144,7 @@ def reply_request(
     if not (content or "").strip():
         raise GenerationError("invalid_request", "The message is empty.")
     if client_id is not None and resend:
-        existing = _ticket_for_client_id(user=user, client_id=client_id)
+        existing = ticket_for_client_id(user=user, client_id=client_id)
         if existing is not None:
             return existing
     verdict = moderation.input_check(user=user, text=content.strip())
@@ -198,7 +153,7 @@ def reply_request(
         try:
             raise _store_blocked(user=user, verdict=verdict, **fields)  # the ContentBlocked to answer with
         except IntegrityError as exc:
-            return _stored_ticket(user=user, client_id=client_id, error=exc)
+            return stored_ticket(user=user, client_id=client_id, error=exc)
     # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
     # (cached figures only).
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
@@ -212,9 +167,13 @@ def reply_request(
             conversation, content = _conversation_for_send(
                 user=user, conversation_id=conversation_id, content=content, client_id=client_id
             )
+            # A conversation this transaction created holds no message and no other transaction sees it:
+            # nothing to sum for the prompt bound, no row lock, no reply to be busy with (lever 16).
+            new = conversation_id is None
+            bound = prompt_tokens_upper_bound(conversation=conversation, new_content=content, empty=new)
             admission = reply_admit(
                 user=user,
-                prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+                prompt_tokens_bound=bound,
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
             user_message = message_create(
@@ -222,6 +181,8 @@ def reply_request(
                 role=Message.Role.USER,
                 content=content,
                 client_id=client_id,
+                parent=None if new else APPEND,
+                conversation_locked=new,
                 reply_follows=True,  # _queue_reply stores its reply next, which moves the leaf
             )
             moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
@@ -231,19 +192,11 @@ def reply_request(
                 admission=admission,
                 question_prefetch_settled=True,
                 conversation_locked=True,
+                busy_check=not new,
             )
     except IntegrityError as exc:
-        return _stored_ticket(user=user, client_id=client_id, error=exc)
-    return _ticket(assistant, user_message_id=user_message.id, admission=admission)
-
-
-def _stored_ticket(*, user, client_id, error: IntegrityError) -> ReplyTicket:
-    """The ticket of the message stored under ``client_id``, for a send whose insert met a unique constraint
-    (its key taken); raises ``error`` when no message holds that key (another constraint failed)."""
-    existing = _ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
-    if existing is None:
-        raise error
-    return existing
+        return stored_ticket(user=user, client_id=client_id, error=exc)
+    return ticket_for_queued(assistant, user_message_id=user_message.id, admission=admission)
 
 
 def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id):
@@ -304,7 +257,7 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
         )
         assistant = _queue_reply(conversation=conversation, parent=parent, admission=admission)
-    return _ticket(assistant, user_message_id=None, admission=admission)
+    return ticket_for_queued(assistant, user_message_id=None, admission=admission)
 
 
 def reply_edit(*, user, message_id: int, content: str, model: str | None = None) -> ReplyTicket:
@@ -343,7 +296,7 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
             )
     if verdict.blocked:
         raise blocked
-    return _ticket(assistant, user_message_id=edited.id, admission=admission)
+    return ticket_for_queued(assistant, user_message_id=edited.id, admission=admission)
 
 
 def reply_continue(*, user, message_id: int) -> ReplyTicket:
@@ -368,7 +321,7 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             model_name=_chosen_model(user=user, conversation=conversation, model=None),
         )
         assistant = _queue_reply(conversation=conversation, parent=cut, admission=admission)
-    return _ticket(assistant, user_message_id=None, admission=admission)
+    return ticket_for_queued(assistant, user_message_id=None, admission=admission)
 
 
 def reply_cancel(*, user, message_id: int) -> Message:

@@ -69,6 +69,38 @@ def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_tr
     assert broker_take("inference.smollm2-135m-instruct") == [([ticket.message.id], 0)]
 
 
+#: Round trips of a first ``send`` that starts a conversation: as SEND_QUERIES, but the conversation is an
+#: insert, and since no other transaction sees it yet there is no prompt bound to sum, no row lock and no busy
+#: check (lever 16, docs/overhead.md; it was 19 before).
+NEW_CONVERSATION_SEND_QUERIES = 16
+
+
+def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_trips(
+    alice, redis_clean, django_assert_max_num_queries, django_capture_on_commit_callbacks
+):
+    generations.reply_request(user=alice, conversation_id=None, content="Hello")  # the day's quota row exists
+    Message.objects.filter(status="queued").update(status=Message.Status.COMPLETED)
+    broker_take("inference.smollm2-135m-instruct")
+    with (
+        django_assert_max_num_queries(NEW_CONVERSATION_SEND_QUERIES),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        ticket = generations.reply_request(
+            user=alice, conversation_id=None, content="New topic", client_id=str(uuid.uuid4()), resend=False
+        )
+    user_message, reply = Message.objects.filter(conversation_id=ticket.message.conversation_id).order_by(
+        "id"
+    )
+    assert (user_message.parent_id, user_message.active_child_id, reply.parent_id) == (
+        None,
+        reply.id,
+        user_message.id,
+    )
+    assert Conversation.objects.get(pk=reply.conversation_id).active_leaf_id == reply.id
+    assert ticket.position == 1 and reply.status == "queued"
+    assert broker_take("inference.smollm2-135m-instruct") == [([reply.id], 0)]
+
+
 #: Round trips of a streamed API completion of one user turn with sampling set (``store`` false): the
 #: concurrency count, the quota (one upsert) and the organisation's cap, the conversation, the turn (insert),
 #: the reply (insert with its sampling, parent, leaf), the reservation, the input guard's verdict and the
