@@ -9,8 +9,9 @@ on a thread of its own every quarter of ``ADMISSION_LOAD_CACHE_S``, a pass that 
 half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
 queue figures of their tiers' models) and :func:`accounts.sessions.sessions_current` (every open socket's
 session in two queries). So a refusal is decided, and its socket's session known valid, from memory on the
-event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, a miss
-still reads it on the spot, and anything that stores still checks its session on the spot.
+event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, and a
+miss still reads it on the spot. A frame whose session a pass found current within that time (a ``send``
+included) reads no session of its own; otherwise it checks on the spot (docs/overhead.md, lever 16).
 """
 
 from __future__ import annotations
