@@ -157,24 +157,17 @@ def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
         row = _upsert_reserve(user_id=user.pk, day=day, limit=limit, tokens=tokens)
         if row is not None:
             return row
-        row = DailyQuota.objects.get(user_id=user.pk, day=day)  # it exists: the conflict branch refused
-        raise QuotaExceeded(
-            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
-            needed=tokens,
-        )
-    _ensure_row(user_id=user.pk, day=day)
-    rows = DailyQuota.objects.filter(
-        user_id=user.pk,
-        day=day,
-        used_tokens__lte=limit + F("granted_tokens") - F("reserved_tokens") - tokens,
-    ).update(reserved_tokens=F("reserved_tokens") + tokens)
+    else:  # only a grant can make room: the row must exist first
+        _ensure_row(user_id=user.pk, day=day)
+        if DailyQuota.objects.filter(
+            user_id=user.pk,
+            day=day,
+            used_tokens__lte=limit + F("granted_tokens") - F("reserved_tokens") - tokens,
+        ).update(reserved_tokens=F("reserved_tokens") + tokens):
+            return DailyQuota.objects.get(user_id=user.pk, day=day)
+    # Refused; the row exists either way (the upsert's conflict branch refused, or _ensure_row made it).
     row = DailyQuota.objects.get(user_id=user.pk, day=day)
-    if not rows:
-        raise QuotaExceeded(
-            remaining=max(0, limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
-            needed=tokens,
-        )
-    return row
+    raise QuotaExceeded(remaining=_status(row, day=day, limit=limit).remaining, needed=tokens)
 
 
 _UPSERT_RESERVE = """
@@ -217,10 +210,7 @@ def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:
         ).update(reserved_tokens=F("reserved_tokens") + tokens)
         if not pooled:
             row = PoolDailyQuota.objects.get(organization_id=pool.organization_id, day=day)
-            raise QuotaExceeded(
-                remaining=max(0, pool.limit + row.granted_tokens - row.used_tokens - row.reserved_tokens),
-                needed=tokens,
-            )
+            raise QuotaExceeded(remaining=_status(row, day=day, limit=pool.limit).remaining, needed=tokens)
     row = DailyQuota.objects.get(user_id=user.pk, day=day)
     row.pool_quota_id = PoolDailyQuota.objects.values_list("pk", flat=True).get(
         organization_id=pool.organization_id, day=day

@@ -3,6 +3,7 @@
 (:func:`generation_set_context`) and write its final state once (:func:`generation_finish`).
 """
 
+import functools
 from collections.abc import Callable
 
 from django.contrib.auth import get_user_model
@@ -25,30 +26,22 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
     in one statement (an ``UPDATE ... RETURNING`` joined to the three rows; it was the update and a
     ``select_related`` read: docs/overhead.md, lever 16). None when it is no longer queued (cancelled
     meanwhile, or a redelivered task whose reply already ended)."""
-    row_models = (Message, Conversation, get_user_model(), Tier)
-    fields = [list(model._meta.concrete_fields) for model in row_models]
-    columns = ", ".join(
-        f'{alias}."{f.column}"'
-        for alias, model_fields in zip("mcut", fields, strict=True)
-        for f in model_fields
-    )
-    message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m in row_models)
-    sql = f"""
-        WITH m AS (
-            UPDATE "{message_table}" SET status = %s, updated_at = %s, trace_id = %s, model_version = %s
-             WHERE id = %s AND status = %s RETURNING *)
-        SELECT {columns} FROM m
-          JOIN "{conversation_table}" c ON c.id = m.conversation_id
-          JOIN "{user_table}" u ON u.id = c.owner_id
-          JOIN "{tier_table}" t ON t.id = u.tier_id"""
-    params = [Message.Status.STREAMING, timezone.now(), trace_id, model_version, message_id]
+    sql, row_fields = _claim_statement()
+    params = [
+        Message.Status.STREAMING,
+        timezone.now(),
+        trace_id,
+        model_version,
+        message_id,
+        Message.Status.QUEUED,
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, Message.Status.QUEUED])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
     loaded, values = [], iter(row)
-    for model, model_fields in zip(row_models, fields, strict=True):
+    for model, model_fields in row_fields:
         # Each field's own converters, as a queryset applies them (JSONField decodes its text, ...).
         converted = []
         for field, value in zip(model_fields, values, strict=False):
@@ -61,6 +54,28 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
     conversation.owner = owner
     message.conversation = conversation
     return message
+
+
+@functools.cache
+def _claim_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
+    """``(sql, ((model, its concrete fields), ...))`` of :func:`generation_start`'s claim, for the reply,
+    its conversation, owner and tier, in the order the statement returns their columns. Built once per
+    process (the models do not change after start-up)."""
+    row_models = (Message, Conversation, get_user_model(), Tier)
+    row_fields = tuple((model, tuple(model._meta.concrete_fields)) for model in row_models)
+    columns = ", ".join(
+        f'{alias}."{f.column}"' for alias, (_, fields) in zip("mcut", row_fields, strict=True) for f in fields
+    )
+    message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    sql = f"""
+        WITH m AS (
+            UPDATE "{message_table}" SET status = %s, updated_at = %s, trace_id = %s, model_version = %s
+             WHERE id = %s AND status = %s RETURNING *)
+        SELECT {columns} FROM m
+          JOIN "{conversation_table}" c ON c.id = m.conversation_id
+          JOIN "{user_table}" u ON u.id = c.owner_id
+          JOIN "{tier_table}" t ON t.id = u.tier_id"""
+    return sql, row_fields
 
 
 def generation_requeue(*, message: Message) -> bool:
