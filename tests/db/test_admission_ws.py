@@ -267,6 +267,19 @@ def thread_hops(monkeypatch):
     return hops
 
 
+async def send_counting_hops(ws, thread_hops) -> dict:
+    """Send a keyed ``send`` on ``ws`` and return its ``queued`` answer, counting the thread hops (see
+    :func:`thread_hops`) from the frame to that answer."""
+    thread_hops["counting"] = True
+    await ws.send_json_to(
+        {"type": "send", "conversation_id": None, "content": "hello", "client_id": str(uuid4())}
+    )
+    queued = await ws.receive_json_from(timeout=10)
+    thread_hops["counting"] = False
+    assert queued["type"] == "queued", queued
+    return queued
+
+
 async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_check_included(
     session_cookie, alice, client, redis_clean, settings, thread_hops, monkeypatch
 ):
@@ -280,13 +293,7 @@ async def test_a_send_let_through_the_warm_gate_costs_one_thread_hop_session_che
     await database_sync_to_async(publish_worker)(fake_worker(settings.INFERENCE_DEFAULT_MODEL), ttl_s=300)
     ws = await open_socket(session_cookie)
     await database_sync_to_async(load.warm)(user_ids=[alice.pk])
-    thread_hops["counting"] = True
-    await ws.send_json_to(
-        {"type": "send", "conversation_id": None, "content": "hello", "client_id": str(uuid4())}
-    )
-    queued = await ws.receive_json_from(timeout=10)
-    thread_hops["counting"] = False
-    assert queued["type"] == "queued", queued
+    queued = await send_counting_hops(ws, thread_hops)
     assert thread_hops["calls"] == ["reply_request"]  # was: session check, reply_request, the queued frame
     assert await database_sync_to_async(
         Message.objects.filter(pk=queued["message_id"], status="queued").exists
@@ -331,13 +338,7 @@ async def test_a_send_from_a_session_the_warmer_just_verified_reads_no_session_a
     settings.ADMISSION_LOAD_CACHE_S = 30.0
     await database_sync_to_async(load.warm)(user_ids=[alice.pk])
     assert load_warmer.session_verified(session_key=client.session.session_key, user_id=alice.pk)
-    thread_hops["counting"] = True
-    await ws.send_json_to(
-        {"type": "send", "conversation_id": None, "content": "hello", "client_id": str(uuid4())}
-    )
-    queued = await ws.receive_json_from(timeout=10)
-    thread_hops["counting"] = False
-    assert queued["type"] == "queued", queued
+    await send_counting_hops(ws, thread_hops)
     assert (thread_hops["calls"], reads) == (["reply_request"], [])
 
     await database_sync_to_async(Message.objects.filter(status="queued").update)(status="completed")

@@ -69,6 +69,14 @@ def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_tr
     assert broker_take("inference.smollm2-135m-instruct") == [([ticket.message.id], 0)]
 
 
+def _quota_row_and_no_reply_waiting(user) -> None:
+    """A first reply of ``user`` stored and ended (so the day's quota row exists and nothing is active), and
+    the model's broker queue emptied (so the test's own dispatch is the only task in it)."""
+    generations.reply_request(user=user, conversation_id=None, content="Hello")
+    Message.objects.filter(status="queued").update(status=Message.Status.COMPLETED)
+    broker_take("inference.smollm2-135m-instruct")
+
+
 #: Round trips of a first ``send`` that starts a conversation: as SEND_QUERIES, but the conversation is an
 #: insert, and since no other transaction sees it yet there is no prompt bound to sum, no row lock and no busy
 #: check (lever 16, docs/overhead.md; it was 19 before).
@@ -78,9 +86,7 @@ NEW_CONVERSATION_SEND_QUERIES = 16
 def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_trips(
     alice, redis_clean, django_assert_max_num_queries, django_capture_on_commit_callbacks
 ):
-    generations.reply_request(user=alice, conversation_id=None, content="Hello")  # the day's quota row exists
-    Message.objects.filter(status="queued").update(status=Message.Status.COMPLETED)
-    broker_take("inference.smollm2-135m-instruct")
+    _quota_row_and_no_reply_waiting(alice)
     with (
         django_assert_max_num_queries(NEW_CONVERSATION_SEND_QUERIES),
         django_capture_on_commit_callbacks(execute=True),
@@ -113,9 +119,7 @@ COMPLETION_QUERIES = 13
 def test_an_api_completion_costs_a_fixed_number_of_sql_round_trips(
     alice, redis_clean, django_assert_max_num_queries, django_capture_on_commit_callbacks
 ):
-    generations.reply_request(user=alice, conversation_id=None, content="Hello")  # the day's quota row exists
-    Message.objects.filter(status="queued").update(status=Message.Status.COMPLETED)
-    broker_take("inference.smollm2-135m-instruct")
+    _quota_row_and_no_reply_waiting(alice)
     with django_assert_max_num_queries(COMPLETION_QUERIES), django_capture_on_commit_callbacks(execute=True):
         reply = completions.completion_request(
             user=alice,

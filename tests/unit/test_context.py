@@ -64,14 +64,23 @@ def test_empty_history_is_an_error():
         assemble_context(system_prompt="x", history=[], budget_tokens=10, tokenize=fake_tokenize)
 
 
-def test_each_window_is_rendered_once_and_its_ids_are_returned():
-    history = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4, 6, 2)])
-    calls = []
+def counted_tokenize() -> tuple[list[int], object]:
+    """``(calls, tokenize)``: ``fake_tokenize`` that records the length of every window it renders."""
+    calls: list[int] = []
 
     def tokenize(messages):
         calls.append(len(messages))
         return fake_tokenize(messages)
 
+    return calls, tokenize
+
+
+NINE_TURNS = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4, 6, 2)])
+
+
+def test_each_window_is_rendered_once_and_its_ids_are_returned():
+    history = NINE_TURNS
+    calls, tokenize = counted_tokenize()
     ctx = assemble_context(system_prompt="s", history=history, budget_tokens=40, tokenize=tokenize)
     assert len(calls) == len(set(calls))  # no window rendered twice
     assert ctx.prompt_token_ids == fake_tokenize(ctx.messages) and ctx.prompt_tokens == len(
@@ -82,12 +91,7 @@ def test_each_window_is_rendered_once_and_its_ids_are_returned():
 def test_a_history_that_fits_is_rendered_once():
     """The whole history is tried first: a conversation that fits costs one render, not a binary search's
     log2(n) + 1 (docs/overhead.md, lever 16)."""
-    history = turns(*["w " * n for n in (5, 1, 7, 2, 3, 1, 4, 6, 2)])
-    calls = []
-
-    def tokenize(messages):
-        calls.append(len(messages))
-        return fake_tokenize(messages)
-
+    history = NINE_TURNS
+    calls, tokenize = counted_tokenize()
     ctx = assemble_context(system_prompt="s", history=history, budget_tokens=10_000, tokenize=tokenize)
     assert (ctx.omitted, calls) == (0, [len(history) + 1])
