@@ -138,26 +138,60 @@ def prompt_tokens_bound_for_texts(texts: list[str]) -> int:
     )
 
 
-def prompt_tokens_upper_bound(*, conversation, new_content: str = "", empty: bool = False) -> int:
+@dataclass(frozen=True)
+class ConversationTotals:
+    """What admission reads of a stored conversation, in one aggregate (:func:`conversation_totals`).
+
+    Attributes:
+        content_bytes: UTF-8 bytes of its user and assistant turns.
+        messages: Messages stored in it.
+        active_replies: Its replies queued or streaming now (a send, edit or regeneration is refused while
+            there is one).
+    """
+
+    content_bytes: int
+    messages: int
+    active_replies: int
+
+
+#: The totals of a conversation that holds no message yet.
+NO_MESSAGES = ConversationTotals(content_bytes=0, messages=0, active_replies=0)
+
+
+def conversation_totals(*, conversation) -> ConversationTotals:
+    """One round trip for the prompt bound's figures and the busy check. Read it under the conversation's row
+    lock (``conversation_get_for_user(for_update=True)``): a reply another transaction stored and committed
+    while this one waited for the lock is then counted (docs/overhead.md, lever 18)."""
+    totals = conversation.messages.aggregate(
+        content_bytes=Sum(
+            Func("content", function="octet_length", output_field=IntegerField()),
+            filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
+        ),
+        messages=Count("id"),
+        active_replies=Count("id", filter=Q(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES)),
+    )
+    return ConversationTotals(
+        content_bytes=totals["content_bytes"] or 0,
+        messages=totals["messages"],
+        active_replies=totals["active_replies"],
+    )
+
+
+def prompt_tokens_upper_bound(
+    *, conversation, new_content: str = "", empty: bool = False, totals: ConversationTotals | None = None
+) -> int:
     """An upper bound (tokens) of the prompt a reply in ``conversation`` can have, read without a tokenizer.
 
     Byte-level BPE tokenizers never produce more tokens than UTF-8 bytes, so the conversation's bytes
     (``octet_length`` summed in PostgreSQL) plus the chat template's fixed tokens bound the prompt; the
     sliding window only ever drops turns. ``empty``: the caller knows the conversation holds no message yet
-    (its own transaction created it), so nothing is read."""
-    if empty:
-        totals = {"bytes": 0, "count": 0}
-    else:  # one round trip for both figures (admission runs inside the send's transaction)
-        totals = conversation.messages.aggregate(
-            bytes=Sum(
-                Func("content", function="octet_length", output_field=IntegerField()),
-                filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
-            ),
-            count=Count("id"),
-        )
-    turns = totals["count"] + 2
+    (its own transaction created it), so nothing is read. ``totals``: the caller already read
+    :func:`conversation_totals` (nothing is read either)."""
+    if totals is None:
+        totals = NO_MESSAGES if empty else conversation_totals(conversation=conversation)
+    turns = totals.messages + 2
     return (
-        (totals["bytes"] or 0)
+        totals.content_bytes
         + len(conversation.system_prompt.encode())
         + len(new_content.encode())
         + TEMPLATE_OVERHEAD_TOKENS

@@ -10,6 +10,13 @@
 An assistant message moves ``queued -> streaming -> completed | cancelled | failed | interrupted``. Its
 text is written once, by ``generation_worker.generation_finish``; conditional UPDATEs (``WHERE status =
 ...``) settle races between Stop, the worker and the reaper without locks held across a generation.
+
+Lock order: a service that stores a reply in a stored conversation reads that conversation with its row
+lock first (``conversation_get_for_user(for_update=True)``), then checks that no reply of it is active, then
+reserves the quota (the user's quota row). Every such service takes them in this order, so two of them on
+one conversation (a send and a regeneration from two tabs) queue for the first lock instead of each holding
+the lock the other waits for; the worker's final write takes the quota row while its reply is still active,
+which the busy check refuses before any quota is touched.
 """
 
 from django.conf import settings
@@ -18,7 +25,14 @@ from django.utils import timezone
 
 from billing.quota import quota_settle
 from conversations import moderation, recall, token_budget
-from conversations.admission import Admission, load_gate, model_choice, prompt_tokens_upper_bound
+from conversations.admission import (
+    NO_MESSAGES,
+    Admission,
+    conversation_totals,
+    load_gate,
+    model_choice,
+    prompt_tokens_upper_bound,
+)
 from conversations.models import Conversation, Message
 from conversations.reaper import generations_reap_interrupted
 from conversations.reply_dispatch import reply_admit, reply_dispatch
@@ -57,8 +71,15 @@ def _chosen_model(*, user, conversation: Conversation, model: str | None) -> str
     return ""
 
 
-def _refuse_if_busy(conversation: Conversation) -> None:
-    if conversation.messages.filter(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES).exists():
+def _refuse_if_busy(conversation: Conversation, *, active_replies: int | None = None) -> None:
+    """Raise ``GenerationError("too_many_generations")`` while a reply of ``conversation`` is queued or
+    streaming. Call it under the conversation's row lock; ``active_replies``: the count the caller already
+    read there (:func:`conversations.admission.conversation_totals`), else it is read now."""
+    if active_replies is None:
+        active_replies = conversation.messages.filter(
+            role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES
+        ).count()
+    if active_replies:
         raise GenerationError(
             "too_many_generations", "A reply is still being generated in this conversation."
         )
@@ -168,9 +189,12 @@ def reply_request(
                 user=user, conversation_id=conversation_id, content=content, client_id=client_id
             )
             # A conversation this transaction created holds no message and no other transaction sees it:
-            # nothing to sum for the prompt bound, no row lock, no reply to be busy with (lever 16).
+            # nothing to sum for the prompt bound, no reply to be busy with (lever 16). A stored one was read
+            # with its row lock, so one aggregate gives the bound's figures and the busy check (lever 18).
             new = conversation_id is None
-            bound = prompt_tokens_upper_bound(conversation=conversation, new_content=content, empty=new)
+            totals = NO_MESSAGES if new else conversation_totals(conversation=conversation)
+            _refuse_if_busy(conversation, active_replies=totals.active_replies)
+            bound = prompt_tokens_upper_bound(conversation=conversation, new_content=content, totals=totals)
             admission = reply_admit(
                 user=user,
                 prompt_tokens_bound=bound,
@@ -182,7 +206,7 @@ def reply_request(
                 content=content,
                 client_id=client_id,
                 parent=None if new else APPEND,
-                conversation_locked=new,
+                conversation_locked=True,  # created here, or read with its row lock above
                 reply_follows=True,  # _queue_reply stores its reply next, which moves the leaf
             )
             moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
@@ -192,7 +216,7 @@ def reply_request(
                 admission=admission,
                 question_prefetch_settled=True,
                 conversation_locked=True,
-                busy_check=not new,
+                busy_check=False,  # checked above, under the lock
             )
     except IntegrityError as exc:
         return stored_ticket(user=user, client_id=client_id, error=exc)
@@ -201,13 +225,13 @@ def reply_request(
 
 def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id):
     """``(conversation, content)`` for a message being sent, inside the caller's transaction: the user's
-    conversation (the access function; raises as it does), or a new one titled from ``content`` when
-    ``conversation_id`` is None, created only once ``content`` passed ``_validate_content`` (which raises
-    for a message too long for the plan)."""
+    conversation read with its row lock (the access function; raises as it does), or a new one titled from
+    ``content`` when ``conversation_id`` is None, created only once ``content`` passed ``_validate_content``
+    (which raises for a message too long for the plan)."""
     if conversation_id is None:
         conversation, system_prompt = None, user.default_system_prompt
     else:
-        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id, for_update=True)
         system_prompt = conversation.system_prompt
     content = _validate_content(user=user, content=content, system_prompt=system_prompt)
     if conversation is None:
@@ -236,7 +260,7 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
     ``AdmissionRefused``.
     """
     with tracing.span("db.transaction"), transaction.atomic():
-        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id)
+        conversation = conversation_get_for_user(user=user, conversation_id=conversation_id, for_update=True)
         newest = conversation.active_leaf
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
             raise GenerationError("invalid_request", "There is no reply to regenerate.")
@@ -256,7 +280,9 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
         )
-        assistant = _queue_reply(conversation=conversation, parent=parent, admission=admission)
+        assistant = _queue_reply(
+            conversation=conversation, parent=parent, admission=admission, conversation_locked=True
+        )
     return ticket_for_queued(assistant, user_message_id=None, admission=admission)
 
 
@@ -273,7 +299,9 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
         original = message_get_for_user(user=user, message_id=message_id)
         if original.role != Message.Role.USER:
             raise GenerationError("invalid_request", "Only your own messages can be edited.")
-        conversation = original.conversation
+        conversation = conversation_get_for_user(
+            user=user, conversation_id=original.conversation_id, for_update=True
+        )
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
         _refuse_if_busy(conversation)
         verdict = moderation.input_check(user=user, text=content)
@@ -288,7 +316,11 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
             edited = message_create(
-                conversation=conversation, role=Message.Role.USER, content=content, parent=original.parent
+                conversation=conversation,
+                role=Message.Role.USER,
+                content=content,
+                parent=original.parent,
+                conversation_locked=True,
             )
             moderation.input_record(verdict=verdict, user=user, message=edited, text=content)
             assistant = _queue_reply(
@@ -308,7 +340,9 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
     """
     with transaction.atomic():
         cut = message_get_for_user(user=user, message_id=message_id)
-        conversation = cut.conversation
+        conversation = conversation_get_for_user(
+            user=user, conversation_id=cut.conversation_id, for_update=True
+        )
         if cut.role != Message.Role.ASSISTANT or cut.finish_reason != "length":
             raise GenerationError(
                 "invalid_request", "Only a reply cut off at the length limit can be continued."
@@ -320,7 +354,9 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
             model_name=_chosen_model(user=user, conversation=conversation, model=None),
         )
-        assistant = _queue_reply(conversation=conversation, parent=cut, admission=admission)
+        assistant = _queue_reply(
+            conversation=conversation, parent=cut, admission=admission, conversation_locked=True
+        )
     return ticket_for_queued(assistant, user_message_id=None, admission=admission)
 
 

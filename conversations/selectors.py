@@ -27,13 +27,17 @@ class MessageNotFound(Http404):
     """The message does not exist or is in someone else's conversation."""
 
 
-def conversation_get_for_user(*, user, conversation_id) -> Conversation:
+def conversation_get_for_user(*, user, conversation_id, for_update: bool = False) -> Conversation:
     """The conversation with this id if ``user`` owns it. Raises :class:`ConversationNotFound` for a missing
-    id, a non-integer id, another user's conversation, an unstored API completion, or an anonymous user."""
+    id, a non-integer id, another user's conversation, an unstored API completion, or an anonymous user.
+    ``for_update``: read it with its row lock (``SELECT ... FOR UPDATE``, inside the caller's transaction),
+    so its ``active_leaf_id`` stays current until that transaction ends (a reply-creating service's first
+    statement: see ``conversations/generations.py`` for the lock order)."""
     if user is None or not user.is_authenticated:
         raise ConversationNotFound("conversation not found")
+    rows = Conversation.objects.select_for_update() if for_update else Conversation.objects
     try:
-        conversation = Conversation.objects.get(pk=_pk(conversation_id), owner=user, stored=True)
+        conversation = rows.get(pk=_pk(conversation_id), owner=user, stored=True)
     except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
         raise ConversationNotFound("conversation not found") from exc
     if isinstance(user, get_user_model()):

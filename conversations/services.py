@@ -99,20 +99,21 @@ def message_create(
     already has children); ``parent=None`` adds a root (a sibling of the first message). The parent's
     ``active_child`` and the conversation's ``active_leaf`` move to the new message. ``client_id``: a user
     message's idempotency key (unique per conversation; raises IntegrityError when taken).
-    ``conversation_locked``: the caller's transaction already holds the conversation's row lock (it stored a
-    message there just now, or created the conversation) and gives an explicit ``parent``, so the lock is
-    not taken again (one round trip less per message on the send path; ValueError with ``parent`` left out).
+    ``conversation_locked``: the caller's transaction already holds the conversation's row lock (it read
+    ``conversation`` with it, stored a message there just now, or created the conversation), so the lock is
+    not taken again (one round trip less per message on the send path); with ``parent`` left out the
+    message follows ``conversation.active_leaf_id`` as the caller read it under that lock.
     ``reply_follows``: the caller stores a child of this message in the same transaction right after (a
     send's queued reply), whose own ``message_create`` moves the conversation's leaf; this one leaves the
     conversation row alone (one round trip less; ``conversation.active_leaf_id`` is still set in memory).
     ``fields``: more of the message's own fields, stored with its insert (an API reply's ``sampling``).
     """
-    if conversation_locked and isinstance(parent, _Append):
-        raise ValueError("conversation_locked needs an explicit parent")
     # No savepoint: every caller either runs it alone (then this is the transaction) or inside a transaction
     # of its own that it rolls back whole on any error, so a savepoint would be two round trips for nothing.
     with transaction.atomic(savepoint=False):
-        if isinstance(parent, _Append):
+        if isinstance(parent, _Append) and conversation_locked:
+            parent_id = conversation.active_leaf_id  # read under the caller's lock: current
+        elif isinstance(parent, _Append):
             # Lock the conversation row: two appends at once must not both read the same leaf.
             parent_id = (
                 Conversation.objects.select_for_update().only("id", "active_leaf").get(pk=conversation.pk)

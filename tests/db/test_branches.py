@@ -1,7 +1,7 @@
 """The branch tree: parent pointers, active children, the active path, and replies built on branches."""
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from conversations import branches, generation_worker, generations, selectors, services
@@ -33,22 +33,28 @@ def test_message_create_without_parent_appends_to_the_active_leaf(alice):
     assert path_contents(conversation) == ["a", "b"]
 
 
-def test_message_create_in_a_locked_conversation_needs_its_parent_and_takes_no_second_lock(alice):
+def test_message_create_in_a_locked_conversation_follows_the_leaf_read_under_the_lock_and_takes_no_second_lock(
+    alice,
+):
     conversation = services.conversation_create(owner=alice)
     a = services.message_create(conversation=conversation, role="user", content="a")
-    with pytest.raises(ValueError):
-        services.message_create(
-            conversation=conversation, role="assistant", content="b", conversation_locked=True
+    with transaction.atomic():
+        locked = selectors.conversation_get_for_user(
+            user=alice, conversation_id=conversation.id, for_update=True
         )
-    with CaptureQueriesContext(connection) as queries:
-        b = services.message_create(
-            conversation=conversation, role="assistant", content="b", parent=a, conversation_locked=True
-        )
+        with CaptureQueriesContext(connection) as queries:
+            b = services.message_create(
+                conversation=locked, role="assistant", content="b", conversation_locked=True
+            )
+            c = services.message_create(
+                conversation=locked, role="assistant", content="c", parent=a, conversation_locked=True
+            )
     assert not [q for q in queries.captured_queries if "FOR UPDATE" in q["sql"]]
     a.refresh_from_db()
     conversation.refresh_from_db()
-    assert (b.parent_id, a.active_child_id, conversation.active_leaf_id) == (a.id, b.id, b.id)
-    assert path_contents(conversation) == ["a", "b"]
+    assert (b.parent_id, c.parent_id) == (a.id, a.id)  # b followed the leaf read under the lock
+    assert (a.active_child_id, conversation.active_leaf_id) == (c.id, c.id)
+    assert path_contents(conversation) == ["a", "c"]
 
 
 def test_edit_creates_a_sibling_branch_and_switching_back_restores_the_old_one(alice, redis_clean):

@@ -25,17 +25,18 @@ from tests.db.tiny_model import tiny_loaded_model
 pytestmark = pytest.mark.django_db
 
 #: Round trips of a first ``send`` (with the page's ``client_id``, ``resend`` false) to an existing
-#: conversation: the conversation, the prompt bound (one aggregate), the concurrency count, the quota (one
-#: upsert) and the organisation's cap, the two messages (insert and parent each, one row lock for both: the
-#: reply's message_create reuses the user message's, and only the reply moves the conversation's leaf), the
-#: input guard's verdict, the busy check, the reservation, the rollout, the place in line, and whether the
+#: conversation: the conversation with its row lock, the prompt bound and the busy check (one aggregate),
+#: the concurrency count, the quota (one upsert) and the organisation's cap, the two messages (insert and
+#: parent each; only the reply moves the conversation's leaf), the input guard's verdict, the reservation, the rollout, the place in line, and whether the
 #: question's vector is wanted (conversations.recall.question_vector_wanted: one query that spares the
 #: embeddings worker a model call per send nothing would read); BEGIN/COMMIT are not counted. It was 29
 #: without the organisation, guard and vector reads before the first cut (savepoints per message, the owner
 #: and tier read again for dispatch, two counts each for the prompt bound and the place in line), then 23
 #: before lever 16 (docs/overhead.md): the idempotency lookup before a first send, the quota's
-#: insert-if-missing and read, and the user message's leaf update.
-SEND_QUERIES = 19
+#: insert-if-missing and read, and the user message's leaf update; then 19 before lever 18: the
+#: conversation is now read with its row lock, so the separate lock and the busy check's own query are gone
+#: (the busy check is a count in the prompt bound's aggregate).
+SEND_QUERIES = 17
 
 
 def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
