@@ -2,7 +2,7 @@
 worker with the real default model, PostgreSQL and Redis): a blocked message keeps its bubble with a notice
 and gets no reply; a reply cut mid-stream has its streamed text replaced by a notice, also after a reload.
 
-The worker runs greedy with the test-only ``PhraseGuard`` on "shimmered" (see
+The worker runs greedy with the test-only ``PhraseGuard`` on "shimmer" (see
 tests/integration/test_safety_stream.py for the model's text)."""
 
 import pytest
@@ -25,7 +25,7 @@ def safety_worker(private_model, drill_workers, alice):
         "safety-page",
         queue,
         SAFETY_GUARDS="safety.guards.rules.RulesGuard,tests.safety_guards.PhraseGuard",
-        SAFETY_TEST_PHRASE="shimmered",
+        SAFETY_TEST_PHRASE="shimmer",
         INFERENCE_TEMPERATURE="0",
     )
 

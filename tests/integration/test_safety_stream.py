@@ -2,10 +2,14 @@
 check interval, its engine slot freed, stored ``blocked`` without text, and a refresh replays nothing of it.
 
 The worker runs greedy (``INFERENCE_TEMPERATURE=0``) with the test-only ``PhraseGuard`` flagging
-"shimmered", which the default model writes in the second sentence of its story for the prompt below
-(found by running the model: "... a majestic cat named Luna stood at the edge of a bustling market stall.
-She was a curious and adventurous feline with a coat that shimmered like the moonlight. The market had
-been a place where people from all over the world came ...")."""
+"shimmer", which the default model writes in the second sentence of its story for the prompt below. Greedy
+text differs in its details between CPU kinds (the kernels' rounding), so the tests assert where the cut
+falls, not which words follow it. Found by running the model: on AMD EPYC Zen 5, "... a majestic cat named
+Luna stood at the edge of a bustling market stall. She was a curious and adventurous feline with a coat
+that shimmered like the moonlight. The market had been a place where people from all over the world came
+..."; on an Intel Xeon with AMX, "... with a coat that seemed to shimmer like the light of the sun on a
+summer evening. The market owner, ...".
+"""
 
 import asyncio
 import time
@@ -19,15 +23,23 @@ from conversations.models import Message
 from events import broadcast
 from inference import fleet
 from safety.models import ModerationVerdict
+from safety.streaming import SENTENCE_END
 from tests.live_stack import live_server_url  # noqa: F401
 from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "Tell me a short story about a cat."
-PHRASE = "shimmered"
-#: Text of the sentence after the flagged one: never streamed, never stored.
-AFTER_THE_CUT = "people from all over the world"
+PHRASE = "shimmer"
+
+
+def cut_within_the_flagged_sentence(text: str, *, checked: bool = False) -> bool:
+    """Whether ``text`` holds the phrase and nothing of the sentence after the flagged one: no sentence end
+    follows the phrase (``checked``: the generated text the check read, which ends with the one sentence end
+    that ran it)."""
+    at = text.lower().find(PHRASE)
+    ends = len(SENTENCE_END.findall(text[at:])) if at >= 0 else None
+    return ends is not None and ends <= (1 if checked else 0)
 
 
 @pytest.fixture
@@ -76,7 +88,7 @@ async def test_reply_turning_bad_mid_stream_is_cut_freed_and_never_replayed(
     # The page's done frame: blocked, no text, OpenAI's finish_reason.
     assert (done["status"], done["content"], done["finish_reason"]) == ("blocked", "", "content_filter")
     # Cut within one check interval: the flagged sentence's start streamed, nothing of the next sentence.
-    assert "Luna" in streamed and AFTER_THE_CUT not in streamed
+    assert "Luna" in streamed and cut_within_the_flagged_sentence(streamed), streamed
 
     reply = await database_sync_to_async(Message.objects.get)(pk=queued["message_id"])
     assert (reply.status, reply.content, reply.finish_reason) == ("blocked", "", "content_filter")
@@ -90,7 +102,8 @@ async def test_reply_turning_bad_mid_stream_is_cut_freed_and_never_replayed(
         "phrase",
         ["test_phrase"],
     )
-    assert PHRASE in verdict.text and AFTER_THE_CUT not in verdict.text  # staff read what was generated
+    # Staff read what was generated, up to the sentence end that ran the check.
+    assert cut_within_the_flagged_sentence(verdict.text, checked=True), verdict.text
 
     # The slot is free: the worker's published load drops to no running request.
     deadline = time.monotonic() + 30
@@ -126,7 +139,7 @@ def test_api_ends_a_blocked_reply_with_content_filter_and_refuses_blocked_input(
     )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finish == ["content_filter"] and AFTER_THE_CUT not in streamed
+    assert finish == ["content_filter"] and cut_within_the_flagged_sentence(streamed), (finish, streamed)
     # Not streaming: no blocked text in the body.
     completion = client.chat.completions.create(model="safetydrill", messages=messages, temperature=0)
     assert completion.choices[0].finish_reason == "content_filter"
