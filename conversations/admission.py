@@ -178,17 +178,17 @@ def conversation_totals(*, conversation) -> ConversationTotals:
 
 
 def prompt_tokens_upper_bound(
-    *, conversation, new_content: str = "", empty: bool = False, totals: ConversationTotals | None = None
+    *, conversation, new_content: str = "", totals: ConversationTotals | None = None
 ) -> int:
     """An upper bound (tokens) of the prompt a reply in ``conversation`` can have, read without a tokenizer.
 
     Byte-level BPE tokenizers never produce more tokens than UTF-8 bytes, so the conversation's bytes
     (``octet_length`` summed in PostgreSQL) plus the chat template's fixed tokens bound the prompt; the
-    sliding window only ever drops turns. ``empty``: the caller knows the conversation holds no message yet
-    (its own transaction created it), so nothing is read. ``totals``: the caller already read
-    :func:`conversation_totals` (nothing is read either)."""
+    sliding window only ever drops turns. ``totals``: what the caller already read with
+    :func:`conversation_totals` (:data:`NO_MESSAGES` for a conversation its own transaction created), so
+    nothing is read."""
     if totals is None:
-        totals = NO_MESSAGES if empty else conversation_totals(conversation=conversation)
+        totals = conversation_totals(conversation=conversation)
     turns = totals.messages + 2
     return (
         totals.content_bytes

@@ -28,6 +28,7 @@ from conversations import moderation, recall, token_budget
 from conversations.admission import (
     NO_MESSAGES,
     Admission,
+    ConversationTotals,
     conversation_totals,
     load_gate,
     model_choice,
@@ -71,18 +72,17 @@ def _chosen_model(*, user, conversation: Conversation, model: str | None) -> str
     return ""
 
 
-def _refuse_if_busy(conversation: Conversation, *, active_replies: int | None = None) -> None:
-    """Raise ``GenerationError("too_many_generations")`` while a reply of ``conversation`` is queued or
-    streaming. Call it under the conversation's row lock; ``active_replies``: the count the caller already
-    read there (:func:`conversations.admission.conversation_totals`), else it is read now."""
-    if active_replies is None:
-        active_replies = conversation.messages.filter(
-            role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES
-        ).count()
-    if active_replies:
+def _totals_if_free(conversation: Conversation) -> ConversationTotals:
+    """``conversation``'s totals for the prompt bound (:func:`conversations.admission.conversation_totals`),
+    read under its row lock, which the caller holds. Raises ``GenerationError("too_many_generations")``
+    while a reply of it is queued or streaming: the busy check of every reply-creating service, in the same
+    round trip."""
+    totals = conversation_totals(conversation=conversation)
+    if totals.active_replies:
         raise GenerationError(
             "too_many_generations", "A reply is still being generated in this conversation."
         )
+    return totals
 
 
 def _queue_reply(
@@ -92,10 +92,9 @@ def _queue_reply(
     admission: Admission,
     question_prefetch_settled: bool = False,
     conversation_locked: bool = False,
-    busy_check: bool = True,
 ) -> Message:
-    if busy_check:  # False: the caller's transaction created the conversation
-        _refuse_if_busy(conversation)
+    """Store and dispatch a queued reply to ``parent``; the caller checked, under the conversation's row
+    lock, that no other reply of it is active (:func:`_totals_if_free`) and admitted it (``admission``)."""
     message = message_create(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
@@ -192,8 +191,7 @@ def reply_request(
             # nothing to sum for the prompt bound, no reply to be busy with (lever 16). A stored one was read
             # with its row lock, so one aggregate gives the bound's figures and the busy check (lever 18).
             new = conversation_id is None
-            totals = NO_MESSAGES if new else conversation_totals(conversation=conversation)
-            _refuse_if_busy(conversation, active_replies=totals.active_replies)
+            totals = NO_MESSAGES if new else _totals_if_free(conversation)
             bound = prompt_tokens_upper_bound(conversation=conversation, new_content=content, totals=totals)
             admission = reply_admit(
                 user=user,
@@ -216,7 +214,6 @@ def reply_request(
                 admission=admission,
                 question_prefetch_settled=True,
                 conversation_locked=True,
-                busy_check=False,  # checked above, under the lock
             )
     except IntegrityError as exc:
         return stored_ticket(user=user, client_id=client_id, error=exc)
@@ -264,10 +261,7 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
         newest = conversation.active_leaf
         if newest is None or newest.role not in (Message.Role.USER, Message.Role.ASSISTANT):
             raise GenerationError("invalid_request", "There is no reply to regenerate.")
-        if newest.is_active:
-            raise GenerationError(
-                "too_many_generations", "A reply is still being generated in this conversation."
-            )
+        totals = _totals_if_free(conversation)
         parent = newest if newest.role == Message.Role.USER else newest.parent
         if parent is None:
             raise GenerationError("invalid_request", "There is no message to answer.")
@@ -277,7 +271,7 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
             )
         admission = reply_admit(
             user=user,
-            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, totals=totals),
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
         )
         assistant = _queue_reply(
@@ -303,7 +297,7 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
             user=user, conversation_id=original.conversation_id, for_update=True
         )
         content = _validate_content(user=user, content=content, system_prompt=conversation.system_prompt)
-        _refuse_if_busy(conversation)
+        totals = _totals_if_free(conversation)
         verdict = moderation.input_check(user=user, text=content)
         if verdict.blocked:  # stored as a blocked sibling and committed; raised below, outside the block
             blocked = moderation.blocked_input_store(
@@ -312,7 +306,9 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
         else:
             admission = reply_admit(
                 user=user,
-                prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, new_content=content),
+                prompt_tokens_bound=prompt_tokens_upper_bound(
+                    conversation=conversation, new_content=content, totals=totals
+                ),
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
             edited = message_create(
@@ -349,9 +345,10 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             )
         if conversation.active_leaf_id != cut.pk:
             raise GenerationError("invalid_request", "Only the last reply can be continued.")
+        totals = _totals_if_free(conversation)
         admission = reply_admit(
             user=user,
-            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation),
+            prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, totals=totals),
             model_name=_chosen_model(user=user, conversation=conversation, model=None),
         )
         assistant = _queue_reply(
