@@ -39,6 +39,8 @@ from .table import FORMS, KERNELS, MEASURED, Kernel, Measurement
 #: Two measured implementations within this fraction of each other are a tie (the run-to-run noise of the 2-vCPU
 #: machines they were measured on); the one holding fewer weight bytes wins it.
 TIE = 0.05
+#: The CPU flags torch's oneDNN wants for a bf16 matmul (``avx_ne_convert`` does instead).
+_ONEDNN_BF16 = frozenset({"avx512bw", "avx512vl", "avx512dq"})
 
 
 def kernels_of(op: str) -> tuple[Kernel, ...]:
@@ -101,6 +103,14 @@ def unavailable(
         return "native kernels switched off"
     if "mkldnn" in entry.source and not torch.backends.mkldnn.is_available():
         return "this torch has no oneDNN"
+    if (
+        "mkldnn" in entry.source
+        and dtype == torch.bfloat16
+        and not _ONEDNN_BF16 <= have
+        and "avx_ne_convert" not in have
+    ):
+        # torch's mkldnn_reorder_linear_weight refuses bf16 without them (an AVX2 Zen 3, say)
+        return "oneDNN's bf16 matmul needs avx512bw, avx512vl and avx512dq, or avx_ne_convert"
     if entry.library and not _library_built():
         return "the native kernel library could not be built"
     return None

@@ -119,12 +119,12 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(torch.randn(2, 64), packed, torch.randn(16))  # bias of the wrong width
 
 
-def float32_runner(model) -> ModelRunner:
+def float32_runner(model, kernel_memory: str = "fast") -> ModelRunner:
     cfg = model.config
     kv = KVCache(
         cfg.num_hidden_layers, cfg.num_key_value_heads, 16, 2, 64, 128, torch.float32, torch.device("cpu")
     )
-    return ModelRunner(copy.deepcopy(model), kv, max_positions=64)
+    return ModelRunner(copy.deepcopy(model), kv, max_positions=64, kernel_memory=kernel_memory)
 
 
 def test_a_float32_runner_takes_every_large_step_through_the_kernel(kernel, tiny_loaded):
@@ -258,7 +258,9 @@ def test_a_float32_runner_reads_a_q8_lm_head_from_its_blocks(kernel, tiny_loaded
     with torch.no_grad():
         head = model.lm_head.weight
         head.copy_(gguf_roundtrip(head[:, : head.shape[1] // 32 * 32], "q8_0"))  # tiny model: 64 inputs
-    runner = float32_runner(model)
+    # "low": the block panels wherever a weight has blocks, on every CPU kind (on an AVX2 CPU "fast" takes the
+    # measured faster float panels: kernels/table.py).
+    runner = float32_runner(model, kernel_memory="low")
     assert runner.lm_head.kernel_for(40) == "linear_fma_blocks" and runner.lm_head.block_weight.kind == "q8_0"
     assert all(
         lw.qkv.kernel_for(40) == "linear_fma" for lw in runner.layers
@@ -287,7 +289,7 @@ def test_a_float32_runner_reads_q4_1_layers_from_their_blocks(kernel, tiny_loade
                 *(getattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")),
             ):
                 proj.weight.copy_(gguf_roundtrip(proj.weight, "q4_1"))  # as a GGUF's Q4_1 layers load
-    runner = float32_runner(model)
+    runner = float32_runner(model, kernel_memory="low")  # the block panels on every CPU kind, as above
     for lw in runner.layers:
         assert all(getattr(lw, p).block_weight.kind == "q4_1" for p in ("qkv", "o", "down"))
         assert all(getattr(lw, p).kernel_for(40) == "linear_fma_blocks" for p in ("qkv", "o", "down"))
