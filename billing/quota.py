@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from billing.models import DailyQuota, PoolDailyQuota, QuotaGrant, QuotaReservation
 from billing.subscriptions import organization_granted
-from organizations.models import Membership
+from database.sql import fetch_one
 
 
 class QuotaExceeded(Exception):
@@ -76,20 +76,26 @@ class Pool:
     member_cap: int | None
 
 
+#: The user's membership (at most one: ``Membership.user`` is one-to-one), read on every reservation; a
+#: fixed string (``database/sql.py``, lever 19).
+_MEMBERSHIP_SQL = (
+    "SELECT organization_id, daily_token_cap FROM organizations_membership WHERE user_id = %(user)s"
+)
+
+
 def pool_for(*, user) -> Pool | None:
     """The pool ``user`` draws from, or None (not in a team, or the team has no paid subscription)."""
-    membership = (
-        Membership.objects.filter(user_id=user.pk).values("organization_id", "daily_token_cap").first()
-    )
+    membership = fetch_one(_MEMBERSHIP_SQL, {"user": user.pk})
     if membership is None:
         return None
-    granted = organization_granted(organization_id=membership["organization_id"])
+    organization_id, member_cap = membership
+    granted = organization_granted(organization_id=organization_id)
     if granted is None:
         return None
     return Pool(
-        organization_id=membership["organization_id"],
+        organization_id=organization_id,
         limit=granted.tier.tokens_per_day * granted.seats,
-        member_cap=membership["daily_token_cap"],
+        member_cap=member_cap,
     )
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Func, IntegerField, Q, Sum
 from django_ratelimit.core import get_usage
 
 from billing.models import DailyQuota
@@ -35,6 +34,7 @@ from billing.selectors import seconds_until_tomorrow
 from conversations import load
 from conversations.models import Message
 from conversations.selectors import active_generation_count
+from database.sql import fetch_one
 from inference.registry import models_for_tier
 
 #: Tokens a chat template adds around a conversation (role markers, a default system prompt) and per turn.
@@ -157,23 +157,31 @@ class ConversationTotals:
 #: The totals of a conversation that holds no message yet.
 NO_MESSAGES = ConversationTotals(content_bytes=0, messages=0, active_replies=0)
 
+#: :func:`conversation_totals`' one statement (a fixed string: ``database/sql.py``, lever 19).
+_TOTALS_SQL = """
+SELECT SUM(octet_length(content)) FILTER (WHERE role = ANY(%(turn_roles)s)),
+       COUNT(*),
+       COUNT(*) FILTER (WHERE role = %(assistant)s AND status = ANY(%(active)s))
+  FROM conversations_message
+ WHERE conversation_id = %(conversation)s
+"""
+
 
 def conversation_totals(*, conversation) -> ConversationTotals:
     """One round trip for the prompt bound's figures and the busy check. Read it under the conversation's row
     lock (``conversation_get_for_user(for_update=True)``): a reply another transaction stored and committed
     while this one waited for the lock is then counted (docs/overhead.md, lever 18)."""
-    totals = conversation.messages.aggregate(
-        content_bytes=Sum(
-            Func("content", function="octet_length", output_field=IntegerField()),
-            filter=Q(role__in=[Message.Role.USER, Message.Role.ASSISTANT]),
-        ),
-        messages=Count("id"),
-        active_replies=Count("id", filter=Q(role=Message.Role.ASSISTANT, status__in=Message.ACTIVE_STATUSES)),
+    content_bytes, messages, active_replies = fetch_one(
+        _TOTALS_SQL,
+        {
+            "conversation": conversation.pk,
+            "turn_roles": [Message.Role.USER, Message.Role.ASSISTANT],
+            "assistant": Message.Role.ASSISTANT,
+            "active": list(Message.ACTIVE_STATUSES),
+        },
     )
     return ConversationTotals(
-        content_bytes=totals["content_bytes"] or 0,
-        messages=totals["messages"],
-        active_replies=totals["active_replies"],
+        content_bytes=content_bytes or 0, messages=messages, active_replies=active_replies
     )
 
 

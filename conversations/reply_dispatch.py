@@ -7,10 +7,10 @@ re-dispatch (``conversations.reaper``).
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import Q
 
 from conversations.admission import Admission, AdmissionRefused, admission_check
 from conversations.models import Message
+from database.sql import fetch_one
 from inference.registry import declare_queue, queue_for, task_priority
 from observability import tracing
 from observability.logs import current_field
@@ -20,17 +20,29 @@ from observability.logs import current_field
 GENERATE_TASK = "inference.generate_reply"
 
 
+#: Queued replies of a model whose owner's tier ranks above ``priority``, or equal with an id up to ``id``.
+_PLACE_IN_LINE_SQL = """
+SELECT COUNT(*) FROM conversations_message m
+  JOIN conversations_conversation c ON c.id = m.conversation_id
+  JOIN accounts_user u ON u.id = c.owner_id
+  JOIN billing_tier t ON t.id = u.tier_id
+ WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status = %(status)s
+   AND (t.queue_priority > %(priority)s OR (t.queue_priority = %(priority)s AND m.id <= %(id)s))
+"""
+
+
 def queue_position(*, message: Message) -> int:
     """1-based place in line among queued replies for the same model (approximate: replies of a higher tier
-    priority and older replies of the same priority are ahead, as in the broker's priority queue)."""
-    priority = message.conversation.owner.tier.queue_priority
-    ahead = Message.objects.filter(
-        role=Message.Role.ASSISTANT, status=Message.Status.QUEUED, model_name=message.model_name
-    )
-    return ahead.filter(
-        Q(conversation__owner__tier__queue_priority__gt=priority)
-        | Q(conversation__owner__tier__queue_priority=priority, id__lte=message.id)
-    ).count()
+    priority and older replies of the same priority are ahead, as in the broker's priority queue). One fixed
+    statement (``database/sql.py``, lever 19)."""
+    params = {
+        "model": message.model_name,
+        "role": Message.Role.ASSISTANT,
+        "status": Message.Status.QUEUED,
+        "priority": message.conversation.owner.tier.queue_priority,
+        "id": message.id,
+    }
+    return fetch_one(_PLACE_IN_LINE_SQL, params)[0]
 
 
 def reply_dispatch(*, message: Message) -> None:
