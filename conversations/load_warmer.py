@@ -40,8 +40,9 @@ _verified: dict[tuple[str | None, int], float] = {}  # -> monotonic time its ses
 _sessions_read_at = float("-inf")
 _last_activity = float("-inf")
 _task: asyncio.Task | None = None
+TASK_NAME = "admission-warmer"  # the warming task's name on the event loop (asyncio.Task.get_name)
 # Its own thread: a pass never queues behind the sockets' database calls in the loop's default executor.
-_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admission-warmer")
+_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=TASK_NAME)
 
 
 def socket_opened(*, session_key: str | None, user_id: int) -> None:
@@ -72,7 +73,7 @@ def note_activity() -> None:
         return
     loop = asyncio.get_running_loop()
     if _task is None or _task.done() or _task.get_loop() is not loop:
-        _task = loop.create_task(_run(), name="admission-warmer")
+        _task = loop.create_task(_run(), name=TASK_NAME)
 
 
 def warm_once() -> None:

@@ -257,12 +257,14 @@ def thread_hops(monkeypatch):
     and is not the send's hop, so its passes are not counted."""
     from asgiref.sync import SyncToAsync
 
+    from conversations.load_warmer import TASK_NAME
+
     original = SyncToAsync.__call__
     hops = {"counting": False, "calls": []}
 
     async def counted(self, *args, **kwargs):
         task = asyncio.current_task()
-        if hops["counting"] and (task is None or task.get_name() != "admission-warmer"):
+        if hops["counting"] and (task is None or task.get_name() != TASK_NAME):
             hops["calls"].append(getattr(self.func, "__name__", repr(self.func)))
         return await original(self, *args, **kwargs)
 
