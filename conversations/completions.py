@@ -18,7 +18,7 @@ from conversations import generations, moderation, recall
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
-from conversations.services import message_create, title_from_content
+from conversations.services import message_chain_create, message_create, title_from_content
 
 
 def completion_request(
@@ -77,31 +77,30 @@ def completion_request(
             system_prompt=system_prompt,
             stored=store,
         )
-        # Through message_create: each turn follows the previous one on the branch tree (issue 12), so the
-        # reply's context (its ancestors) holds every turn of the request.
-        # The conversation is this transaction's own (no other one sees it yet): no row lock to take. Only
-        # the reply, the last message, moves the conversation's leaf (one round trip per turn less).
-        last_user = previous = None
-        for turn in turns:
-            previous = message_create(
-                conversation=conversation,
-                role=turn["role"],
-                content=turn["content"],
-                parent=previous,
-                conversation_locked=True,
-                reply_follows=True,
-            )
-            last_user = previous if turn["role"] == "user" else last_user
-        reply = message_create(
+        # Each turn follows the previous one on the branch tree (issue 12), so the reply's context (its
+        # ancestors) holds every turn of the request: the turns and the reply are one chain, stored in one
+        # statement (lever 20, docs/overhead.md). The conversation is this transaction's own (no other one
+        # sees it yet): no row lock to take.
+        reply_fields = {
+            "sampling": sampling or None,
+            "api_user": api_user,
+            "api_metadata": api_metadata or None,
+        }
+        *stored_turns, reply = message_chain_create(
             conversation=conversation,
-            role=Message.Role.ASSISTANT,
-            content="",
-            status=Message.Status.QUEUED,
-            model_name=admission.model_name,
-            parent=previous,
+            messages=[
+                *({"role": turn["role"], "content": turn["content"]} for turn in turns),
+                {
+                    "role": Message.Role.ASSISTANT,
+                    "status": Message.Status.QUEUED,
+                    "model_name": admission.model_name,
+                    **reply_fields,
+                },
+            ],
+            parent=None,
             conversation_locked=True,
-            fields={"sampling": sampling or None, "api_user": api_user, "api_metadata": api_metadata or None},
         )
+        last_user = next((m for m in reversed(stored_turns) if m.role == Message.Role.USER), None)
         admission.attach(reply)
         moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
         if on_queued is not None:

@@ -42,6 +42,7 @@ from conversations.services import (
     APPEND,
     conversation_create,
     conversation_set_model,
+    message_chain_create,
     message_create,
     title_from_content,
 )
@@ -85,28 +86,44 @@ def _totals_if_free(conversation: Conversation) -> ConversationTotals:
     return totals
 
 
+def _queued_reply_fields(admission: Admission) -> dict:
+    """The field values of a queued reply admitted with ``admission``, for ``message_chain_create``."""
+    return {
+        "role": Message.Role.ASSISTANT,
+        "status": Message.Status.QUEUED,
+        "model_name": admission.model_name,
+    }
+
+
 def _queue_reply(
-    *,
-    conversation: Conversation,
-    parent: Message,
-    admission: Admission,
-    question_prefetch_settled: bool = False,
-    conversation_locked: bool = False,
+    *, conversation: Conversation, parent: Message, admission: Admission, conversation_locked=False
 ) -> Message:
     """Store and dispatch a queued reply to ``parent``; the caller checked, under the conversation's row
     lock, that no other reply of it is active (:func:`_totals_if_free`) and admitted it (``admission``)."""
-    message = message_create(
+    (message,) = message_chain_create(
         conversation=conversation,
-        role=Message.Role.ASSISTANT,
-        content="",
-        status=Message.Status.QUEUED,
-        model_name=admission.model_name,
+        messages=[_queued_reply_fields(admission)],
         parent=parent,
         conversation_locked=conversation_locked,  # the caller stored ``parent`` in this transaction
     )
+    _reply_queued(conversation=conversation, message=message, parent=parent, admission=admission)
+    return message
+
+
+def _reply_queued(
+    *,
+    conversation: Conversation,
+    message: Message,
+    parent: Message,
+    admission: Admission,
+    question_prefetch_settled: bool = False,
+) -> None:
+    """After a queued reply ``message`` to ``parent`` is stored: attach ``admission`` to it, dispatch it when the
+    transaction commits, ask for its question's vector (unless the caller ``question_prefetch_settled``
+    before its transaction), and show the new branch in the owner's other tabs."""
     admission.attach(message)
     reply_dispatch(message=message)
-    if conversation.stored and not question_prefetch_settled:  # the caller decided it before its transaction
+    if conversation.stored and not question_prefetch_settled:
         recall.question_prefetch(
             user=conversation.owner, conversation_id=conversation.id, question=parent.content
         )
@@ -117,7 +134,6 @@ def _queue_reply(
             kind="messages", conversation_id=conversation.id, title=conversation.title
         ),
     )
-    return message
 
 
 def _validate_content(*, user, content: str, system_prompt: str) -> str:
@@ -198,22 +214,23 @@ def reply_request(
                 prompt_tokens_bound=bound,
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
-            user_message = message_create(
+            # The user message and its queued reply in one statement (lever 20, docs/overhead.md).
+            user_message, assistant = message_chain_create(
                 conversation=conversation,
-                role=Message.Role.USER,
-                content=content,
-                client_id=client_id,
+                messages=[
+                    {"role": Message.Role.USER, "content": content, "client_id": client_id},
+                    _queued_reply_fields(admission),
+                ],
                 parent=None if new else APPEND,
                 conversation_locked=True,  # created here, or read with its row lock above
-                reply_follows=True,  # _queue_reply stores its reply next, which moves the leaf
             )
             moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
-            assistant = _queue_reply(
+            _reply_queued(
                 conversation=conversation,
+                message=assistant,
                 parent=user_message,
                 admission=admission,
                 question_prefetch_settled=True,
-                conversation_locked=True,
             )
     except IntegrityError as exc:
         return stored_ticket(user=user, client_id=client_id, error=exc)

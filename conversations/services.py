@@ -1,8 +1,11 @@
 """Writes to conversations and messages (keyword-only, ``<entity>_<verb>``)."""
 
+from collections.abc import Sequence
+
 from django.db import transaction
 from django.utils import timezone
 
+from conversations.message_chain import chain_insert
 from conversations.models import Conversation, Message
 
 TITLE_MAX_CHARS = 60
@@ -99,14 +102,43 @@ def message_create(
     already has children); ``parent=None`` adds a root (a sibling of the first message). The parent's
     ``active_child`` and the conversation's ``active_leaf`` move to the new message. ``client_id``: a user
     message's idempotency key (unique per conversation; raises IntegrityError when taken).
+    ``conversation_locked`` as for :func:`message_chain_create`.
+    ``reply_follows``: the caller stores a child of this message in the same transaction right after, whose
+    own ``message_create`` moves the conversation's leaf; this one leaves the conversation row alone
+    (``conversation.active_leaf_id`` is still set in memory).
+    ``fields``: more of the message's own fields, stored with its insert (an API reply's ``sampling``).
+    """
+    values = {"role": role, "content": content, "status": status, "model_name": model_name}
+    (message,) = message_chain_create(
+        conversation=conversation,
+        messages=[{**values, "client_id": client_id, **(fields or {})}],
+        parent=parent,
+        conversation_locked=conversation_locked,
+        moves_leaf=not reply_follows,
+    )
+    return message
+
+
+def message_chain_create(
+    *,
+    conversation: Conversation,
+    messages: Sequence[dict],
+    parent: Message | None | _Append = APPEND,
+    conversation_locked: bool = False,
+    moves_leaf: bool = True,
+) -> list[Message]:
+    """Store ``messages`` (one dict of ``Message`` field values each: ``role``, ``content``, ``status``,
+    ...) as a chain, each the parent of the next, in one SQL statement (``conversations.message_chain``,
+    docs/overhead.md lever 20): a send's user message and its queued reply, an API request's turns and
+    reply. ``parent`` as for :func:`message_create` (the first message's parent); the parent's
+    ``active_child`` moves to the first, and with ``moves_leaf`` the conversation's ``active_leaf`` to the
+    last (and the conversation to the top of the sidebar). Returns the stored messages in chain order.
+
     ``conversation_locked``: the caller's transaction already holds the conversation's row lock (it read
     ``conversation`` with it, stored a message there just now, or created the conversation), so the lock is
-    not taken again (one round trip less per message on the send path); with ``parent`` left out the
-    message follows ``conversation.active_leaf_id`` as the caller read it under that lock.
-    ``reply_follows``: the caller stores a child of this message in the same transaction right after (a
-    send's queued reply), whose own ``message_create`` moves the conversation's leaf; this one leaves the
-    conversation row alone (one round trip less; ``conversation.active_leaf_id`` is still set in memory).
-    ``fields``: more of the message's own fields, stored with its insert (an API reply's ``sampling``).
+    not taken again (one round trip less); with ``parent`` left out the chain follows
+    ``conversation.active_leaf_id`` as the caller read it under that lock. Raises ``ValueError`` for an
+    empty chain, ``IntegrityError`` for a taken ``client_id``.
     """
     # No savepoint: every caller either runs it alone (then this is the transaction) or inside a transaction
     # of its own that it rolls back whole on any error, so a savepoint would be two round trips for nothing.
@@ -122,21 +154,6 @@ def message_create(
             if not conversation_locked:  # the leaf moves: one writer at a time, as for an append
                 Conversation.objects.select_for_update().only("id").get(pk=conversation.pk)
             parent_id = parent.pk if parent is not None else None
-        message = Message.objects.create(
-            conversation=conversation,
-            parent_id=parent_id,
-            role=role,
-            content=content,
-            status=status,
-            model_name=model_name,
-            client_id=client_id,
-            **(fields or {}),
+        return chain_insert(
+            conversation=conversation, messages=messages, parent_id=parent_id, moves_leaf=moves_leaf
         )
-        if parent_id is not None:
-            Message.objects.filter(pk=parent_id).update(active_child=message)
-        if not reply_follows:
-            Conversation.objects.filter(pk=conversation.pk).update(
-                active_leaf=message, updated_at=timezone.now()
-            )
-        conversation.active_leaf_id = message.pk
-    return message
