@@ -4,7 +4,9 @@
 """
 
 import functools
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -16,16 +18,34 @@ from billing.services import usage_record_create
 from conversations import branches, recall
 from conversations.models import Conversation, Message
 from database.storable_text import storable_text
+from documents.models import Document
 from documents.selectors import citations_for_messages
 from events import broadcast
+from memory.models import AccountMemory, ConversationMemory
+
+
+@dataclass(frozen=True)
+class ClaimReads:
+    """What a reply's context assembly reads, fetched by :func:`generation_start` in its claim statement
+    (docs/overhead.md, lever 21; four statements before): ``branch``, the reply's ancestors oldest first as
+    ``(id, role, status, content)`` (what ``branches.ancestors`` reads); ``has_documents``, whether a file of
+    the conversation is ready (``documents.retrieval.conversation_has_documents``); ``memory_switches_on``,
+    that neither the account's nor the conversation's memory switch is off (``memory.selectors.
+    memory_enabled_for`` without the site-wide setting, which the reader checks). Read under the claim's
+    snapshot; a change to those switches belongs in :func:`_claim_statement` too."""
+
+    branch: tuple[tuple[int, str, str, str], ...]
+    has_documents: bool
+    memory_switches_on: bool
 
 
 def generation_start(*, message_id: int, trace_id: str = "", model_version: str = "") -> Message | None:
     """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
     version of the worker that generates it, and return it with its conversation, owner and tier loaded, all
     in one statement (an ``UPDATE ... RETURNING`` joined to the three rows; it was the update and a
-    ``select_related`` read: docs/overhead.md, lever 16). None when it is no longer queued (cancelled
-    meanwhile, or a redelivered task whose reply already ended)."""
+    ``select_related`` read: docs/overhead.md, lever 16). The same statement reads what context assembly
+    needs, set as the returned message's ``claim_reads`` (:class:`ClaimReads`, lever 21). None when it is
+    no longer queued (cancelled meanwhile, or a redelivered task whose reply already ended)."""
     sql, row_fields = _claim_statement()
     params = [
         Message.Status.STREAMING,
@@ -34,6 +54,7 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
         model_version,
         message_id,
         Message.Status.QUEUED,
+        Document.Status.READY,
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -53,25 +74,47 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
     owner.tier = tier
     conversation.owner = owner
     message.conversation = conversation
+    branch, has_documents, memory_switches_on = values
+    if isinstance(branch, str):  # a json column the driver left as text
+        branch = json.loads(branch)
+    message.claim_reads = ClaimReads(
+        branch=tuple(tuple(m) for m in branch),
+        has_documents=has_documents,
+        memory_switches_on=memory_switches_on,
+    )
     return message
 
 
 @functools.cache
 def _claim_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
     """``(sql, ((model, its concrete fields), ...))`` of :func:`generation_start`'s claim, for the reply,
-    its conversation, owner and tier, in the order the statement returns their columns. Built once per
-    process (the models do not change after start-up)."""
+    its conversation, owner and tier, in the order the statement returns their columns, followed by the
+    three :class:`ClaimReads` columns. Built once per process (the models do not change after start-up)."""
     row_models = (Message, Conversation, get_user_model(), Tier)
     row_fields = tuple((model, tuple(model._meta.concrete_fields)) for model in row_models)
     columns = ", ".join(
         f'{alias}."{f.column}"' for alias, (_, fields) in zip("mcut", row_fields, strict=True) for f in fields
     )
     message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    # The ancestors walk up the parent pointers from the claimed reply (branches._WALK_UP's walk).
     sql = f"""
-        WITH m AS (
+        WITH RECURSIVE m AS (
             UPDATE "{message_table}" SET status = %s, updated_at = %s, trace_id = %s, model_version = %s
-             WHERE id = %s AND status = %s RETURNING *)
-        SELECT {columns} FROM m
+             WHERE id = %s AND status = %s RETURNING *),
+        up(id, parent_id, depth) AS (
+            SELECT a.id, a.parent_id, 0 FROM "{message_table}" a JOIN m ON a.id = m.parent_id
+             WHERE a.conversation_id = m.conversation_id
+            UNION ALL
+            SELECT a.id, a.parent_id, up.depth + 1 FROM "{message_table}" a JOIN up ON a.id = up.parent_id)
+        SELECT {columns},
+          (SELECT COALESCE(json_agg(json_build_array(a.id, a.role, a.status, a.content) ORDER BY up.depth DESC),
+                           '[]'::json)
+             FROM up JOIN "{message_table}" a ON a.id = up.id),
+          EXISTS (SELECT 1 FROM "{Document._meta.db_table}" d WHERE d.conversation_id = c.id AND d.status = %s),
+          NOT EXISTS (SELECT 1 FROM "{AccountMemory._meta.db_table}" am WHERE am.user_id = u.id AND NOT am.enabled)
+          AND NOT EXISTS (SELECT 1 FROM "{ConversationMemory._meta.db_table}" cm
+                           WHERE cm.conversation_id = c.id AND NOT cm.enabled)
+          FROM m
           JOIN "{conversation_table}" c ON c.id = m.conversation_id
           JOIN "{user_table}" u ON u.id = c.owner_id
           JOIN "{tier_table}" t ON t.id = u.tier_id"""
@@ -92,18 +135,24 @@ def generation_requeue(*, message: Message) -> bool:
 def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], list[int]]:
     """``(system_prompt, turns, turn_ids)`` preceding ``message`` on its own branch (its ancestors; other
     branches are never included), oldest first: ``turns`` as chat-template dicts and ``turn_ids`` the message
-    id of each (same order, same length; what memory's recall excludes as already inside the window), from one
-    read of the branch. Replies that ended with no text (failed, cancelled before any token, blocked) and user
-    messages the content policy blocked are left out."""
+    id of each (same order, same length; what memory's recall excludes as already inside the window), from the
+    claim's read of the branch (``message.claim_reads``) or, for a message not claimed by
+    :func:`generation_start`, one read. Replies that ended with no text (failed, cancelled before any token,
+    blocked) and user messages the content policy blocked are left out."""
+    reads = getattr(message, "claim_reads", None)
+    if reads is not None:
+        branch = reads.branch
+    else:
+        branch = [(m.id, m.role, m.status, m.content) for m in branches.ancestors(message=message)]
     earlier = [
-        m
-        for m in branches.ancestors(message=message)
-        if m.content
-        and m.role in (Message.Role.USER, Message.Role.ASSISTANT)
-        and m.status != Message.Status.BLOCKED
+        (id_, role, content)
+        for id_, role, status, content in branch
+        if content
+        and role in (Message.Role.USER, Message.Role.ASSISTANT)
+        and status != Message.Status.BLOCKED
     ]
-    turns = [{"role": m.role, "content": m.content} for m in earlier]
-    return message.conversation.system_prompt, turns, [m.id for m in earlier]
+    turns = [{"role": role, "content": content} for _, role, content in earlier]
+    return message.conversation.system_prompt, turns, [id_ for id_, _, _ in earlier]
 
 
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:

@@ -53,6 +53,8 @@ def context_with_memory(
             budget_tokens=tier.memory_budget_tokens,
             count_tokens=count_tokens,
             vector=vector,  # the question's embedding when documents retrieval already fetched it
+            # The memory switches as the worker's claim read them (generation_start; None: read them).
+            switches_on=getattr(getattr(message, "claim_reads", None), "memory_switches_on", None),
         )
         if not memory.text:
             return window

@@ -298,7 +298,12 @@ def _documents_context(engine, message: Message, turns: list[dict], budget: int)
     for a chat with a ready file, and handed on to memory's recall so it is embedded once."""
     conversation = message.conversation
     question = turns[-1]["content"] if turns else ""
-    if not question.strip() or not conversation_has_documents(conversation_id=conversation.id):
+    reads = getattr(message, "claim_reads", None)  # read with the claim (generation_start)
+    if reads is not None:
+        has_documents = reads.has_documents
+    else:
+        has_documents = conversation_has_documents(conversation_id=conversation.id)
+    if not question.strip() or not has_documents:
         return DocumentsContext(), None
     with tracing.span("documents.question_embedding"):
         vector = question_vector(

@@ -51,13 +51,20 @@ def memory_context(
     min_score: float | None = None,
     timeout_s: float | None = None,
     vector: np.ndarray | None = None,
+    switches_on: bool | None = None,
 ) -> MemoryContext:
     """Key facts (newest first) then recalled chunks (best first), each added while the whole block fits
     ``budget_tokens``. Empty when memory is off for the account or conversation, or the budget is 0.
     The question's vector is the one prefetched for ``user_id`` and ``question`` when it was
     (``memory.query.question_prefetch``), else a round trip; ``vector``: the question's embedding when the
-    caller already has it (documents retrieval fetched it first)."""
-    if budget_tokens <= 0 or not memory_enabled_for(user_id=user_id, conversation_id=conversation_id):
+    caller already has it (documents retrieval fetched it first). ``switches_on``: the account's and the
+    conversation's memory switches as the caller read them (a worker's claim,
+    ``conversations.generation_worker.ClaimReads``); None: read here."""
+    if switches_on is None:
+        enabled = memory_enabled_for(user_id=user_id, conversation_id=conversation_id)
+    else:
+        enabled = settings.MEMORY_ENABLED and switches_on
+    if budget_tokens <= 0 or not enabled:
         return MemoryContext()
     k = settings.MEMORY_TOP_K if k is None else k
     min_score = settings.MEMORY_MIN_SCORE if min_score is None else min_score
