@@ -17,6 +17,7 @@ from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, recall
 from conversations.models import Conversation, Message
+from database.sql import instance_from_row
 from database.storable_text import storable_text
 from documents.models import Document
 from documents.selectors import citations_for_messages
@@ -61,15 +62,9 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
         row = cursor.fetchone()
     if row is None:
         return None
-    loaded, values = [], iter(row)
-    for model, model_fields in row_fields:
-        # Each field's own converters, as a queryset applies them (JSONField decodes its text, ...).
-        converted = []
-        for field, value in zip(model_fields, values, strict=False):
-            for convert in field.get_db_converters(connection):
-                value = convert(value, field.cached_col, connection)
-            converted.append(value)
-        loaded.append(model.from_db(connection.alias, [f.attname for f in model_fields], converted))
+    # Each row loaded as a queryset loads it (each field's converters: JSONField decodes its text, ...).
+    values = iter(row)
+    loaded = [instance_from_row(model, model_fields, values) for model, model_fields in row_fields]
     message, conversation, owner, tier = loaded
     owner.tier = tier
     conversation.owner = owner

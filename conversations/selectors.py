@@ -6,7 +6,7 @@ from django.core.paginator import Page, Paginator
 from django.http import Http404
 
 from conversations.models import Conversation, Message
-from database.sql import fetch_one
+from database.sql import fetch_instance, fetch_one
 
 SIDEBAR_PAGE_SIZE = 30
 #: Primary keys are PostgreSQL ``bigint``; a larger id cannot exist (and would make the query fail).
@@ -36,11 +36,16 @@ def conversation_get_for_user(*, user, conversation_id, for_update: bool = False
     statement: see ``conversations/generations.py`` for the lock order)."""
     if user is None or not user.is_authenticated:
         raise ConversationNotFound("conversation not found")
-    rows = Conversation.objects.select_for_update() if for_update else Conversation.objects
     try:
-        conversation = rows.get(pk=_pk(conversation_id), owner=user, stored=True)
-    except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
+        pk = _pk(conversation_id)
+    except (TypeError, ValueError) as exc:
         raise ConversationNotFound("conversation not found") from exc
+    # Fixed SQL (docs/overhead.md, lever 22): the ORM's ``get`` compiled this on every call.
+    conversation = fetch_instance(
+        Conversation, "id = %s AND owner_id = %s AND stored", (pk, user.pk), for_update=for_update
+    )
+    if conversation is None:
+        raise ConversationNotFound("conversation not found")
     if isinstance(user, get_user_model()):
         # The owner is ``user``: reading ``conversation.owner`` later (a reply's dispatch priority, its place
         # in line) costs no query.
