@@ -124,11 +124,13 @@ CHANNEL_LAYER_CAPACITY = env.int("CHANNEL_LAYER_CAPACITY", default=1000)
 _cap = {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": CHANNEL_LAYER_CAPACITY}
 CHANNEL_LAYERS = {"default": {"BACKEND": CHANNEL_LAYER_BACKEND, "CONFIG": {"hosts": [REDIS_URL], **_cap}}}
 
+CACHE_POOL_CLASS = "events.redis_pool.ProcessConnectionPool"  # one Redis pool per process (its docstring)
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="chatsite"),
+        "OPTIONS": {"pool_class": CACHE_POOL_CLASS},
     }
 }
 

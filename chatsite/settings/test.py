@@ -22,7 +22,7 @@ os.environ.setdefault(
 )
 
 from .base import *  # noqa: E402,F401,F403
-from .base import BASE_DIR, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
+from .base import BASE_DIR, CACHE_POOL_CLASS, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -46,6 +46,7 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "chatsite-test",
+        "OPTIONS": {"pool_class": CACHE_POOL_CLASS},
     }
 }
 CELERY_BROKER_URL = env("TEST_CELERY_BROKER_URL", default="amqp://guest:guest@127.0.0.1:5672//")
