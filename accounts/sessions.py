@@ -10,6 +10,7 @@ deactivation or deletion closes them all.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from importlib import import_module
@@ -19,8 +20,10 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.signals import user_logged_out
 from django.db.models.signals import post_delete, pre_save
 from django.dispatch import receiver
+from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
+from database.sql import fetch_one
 from events import broadcast
 
 logger = logging.getLogger(__name__)
@@ -44,15 +47,48 @@ def session_fingerprint(session_key: str | None) -> str:
 
 
 def session_is_current(*, session_key: str | None, user_id: int) -> bool:
-    """Whether the session ``session_key`` still signs in ``user_id``: the session exists (not flushed by
-    log-out), names that user, the user exists and is active, and the session's auth hash matches the
-    user's current password (Django's session verification). Reads the session store and one user row."""
+    """Whether the session ``session_key`` still signs in ``user_id``: the session exists and has not expired
+    (not flushed by log-out), names that user, the user exists and is active, and the session's auth hash
+    matches the user's current password (Django's session verification).
+
+    With database sessions (Django's default engine) the session row and the user's ``is_active`` and
+    ``password`` are one fixed statement (``database.sql.fetch_one``; docs/overhead.md, lever 24): it runs on
+    every frame of a socket the admission warmer has not verified, a send included. Other engines: the
+    session store's own read, then the user row."""
     if not session_key:
         return False
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    if not _names_user(store, user_id):
+    store_class = import_module(settings.SESSION_ENGINE).SessionStore
+    if not hasattr(store_class, "get_model_class"):
+        store = store_class(session_key)
+        if not _names_user(store, user_id):
+            return False
+        return _signs_in(store, get_user_model().objects.filter(pk=user_id).first())
+    row = fetch_one(
+        _session_and_user_sql(store_class), {"key": session_key, "user": user_id, "now": timezone.now()}
+    )
+    if row is None:  # no such session, or expired
         return False
-    return _signs_in(store, get_user_model().objects.filter(pk=user_id).first())
+    session_data, is_active, password = row
+    session = store_class().decode(session_data)  # {} when its signature does not verify
+    if not _names_user(session, user_id):
+        return False
+    user = None if is_active is None else get_user_model()(pk=user_id, is_active=is_active, password=password)
+    return _signs_in(session, user)
+
+
+@functools.cache
+def _session_and_user_sql(store_class) -> str:
+    """The session row's data, with the user's ``is_active`` and ``password`` (NULL when the user is gone),
+    for :func:`session_is_current`: built once per session model."""
+    session = store_class.get_model_class()._meta
+    user = get_user_model()._meta
+    column = user.get_field
+    return (
+        f'SELECT s."{session.get_field("session_data").column}", u."{column("is_active").column}", '
+        f'u."{column("password").column}" FROM "{session.db_table}" s '
+        f'LEFT JOIN "{user.db_table}" u ON u."{user.pk.column}" = %(user)s '
+        f'WHERE s."{session.pk.column}" = %(key)s AND s."{session.get_field("expire_date").column}" > %(now)s'
+    )
 
 
 def _names_user(session, user_id: int) -> bool:
@@ -73,8 +109,6 @@ def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
     rules as :func:`session_is_current`, in two queries for all of them (one on the sessions, one on the
     users). None when ``SESSION_ENGINE`` keeps no session rows in the database (cache or cookie sessions):
     the caller checks each session on its own then."""
-    from django.utils import timezone
-
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
     if not hasattr(store_class, "get_model_class"):
         return None
