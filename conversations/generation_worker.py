@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Tier
@@ -17,7 +17,7 @@ from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, recall
 from conversations.models import Conversation, Message
-from database.sql import instance_from_row
+from database.sql import instance_from_row, prepared_cursor
 from database.storable_text import storable_text
 from documents.models import Document
 from documents.selectors import citations_for_messages
@@ -57,7 +57,7 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
         Message.Status.QUEUED,
         Document.Status.READY,
     ]
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:

@@ -28,6 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from database.sql import prepared_cursor
 
 #: The columns every chained message is inserted with besides ``id``, ``parent`` and ``active_child``
 #: (which the statement computes): the model's concrete fields, in declaration order.
@@ -106,7 +107,7 @@ def chain_insert(
     if moves_leaf:
         params.extend([timezone.now(), conversation.pk])
     sql = _statement(len(stored), moves_parent=parent_id is not None, moves_leaf=moves_leaf)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         (ids,) = cursor.fetchone()
     for k, message in enumerate(stored):

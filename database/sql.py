@@ -7,21 +7,74 @@ send path's four such reads (the conversation's totals, the user's active replie
 place in line) pass their SQL, written once, to :func:`fetch_one` instead. The statements go through
 Django's cursor, so they are counted by ``django_assert_num_queries``, traced and logged like the ORM's.
 :func:`fetch_instance` does the same for a read of one model row (lever 22), loading it as a queryset would.
+
+Each of these statements is also parsed and planned by PostgreSQL once per connection, not on every call
+(:func:`prepared_cursor`, lever 25): planning the worker's claim took 0.9-3.2 ms of the server's time per
+reply and the send's message chain 1.0 ms, several times their execution.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from django.db import connection
+from django.db.backends.postgresql.base import ServerBindingCursor
+
+#: Runs of one statement on one connection before psycopg prepares it there: 0, at its first run. Every
+#: statement through :func:`prepared_cursor` is fixed SQL run on every request, so waiting for psycopg's
+#: default (5 runs) only delays the saving; with up to ``DB_POOL_MAX_SIZE`` connections per process it
+#: delayed it for hundreds of requests. Preparing costs one round trip of its own, once per connection.
+PREPARE_THRESHOLD = 0
+
+
+class _PreparingCursor(ServerBindingCursor):
+    """Django's server-binding psycopg cursor, which also records the query of a run of a prepared statement:
+    psycopg (3.3) sets ``_query``, which Django's ``last_executed_query`` reads for its query log (and so
+    ``CaptureQueriesContext``), only when it sends a statement's text, so a prepared run was logged as the
+    previous statement's SQL, or as None."""
+
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        self._query = pgq
+        super()._send_query_prepared(name, pgq, binary=binary)
+
+
+@contextlib.contextmanager
+def prepared_cursor() -> Iterator:
+    """A cursor of the default connection whose statements become server-side prepared statements
+    (``PREPARE``/``EXECUTE``) on their first run on each physical connection (:data:`PREPARE_THRESHOLD`), so
+    PostgreSQL parses a fixed statement once per connection instead of on every call, and plans it once
+    (generic plans: ``chatsite/settings/database.py``).
+
+    The ORM keeps Django's client-side binding (its cursors never prepare): only the fixed SQL of this
+    module's callers, written once with ``%s``/``%(name)s`` placeholders, is bound on the server. The cursor
+    is Django's wrapper around psycopg's server-binding cursor, so its statements are counted, logged and
+    traced as the ORM's, and driver errors arrive as ``django.db`` errors (``IntegrityError``, ...). A
+    psycopg connection forgets its prepared statements on ``ROLLBACK`` (``DEALLOCATE ALL``) and prepares
+    each again at its next run. The pool here is psycopg's own, in process; a pooler in transaction mode in
+    front of PostgreSQL must track prepared statements (PgBouncer 1.21+: ``max_prepared_statements``). Sources: psycopg's "Prepared statements" (``Connection.prepare_threshold``); PostgreSQL's
+    ``PREPARE`` and ``plan_cache_mode``."""
+    # What ``connection.cursor()`` does before it creates Django's client-binding cursor.
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = connection.connection
+    if raw.prepare_threshold != PREPARE_THRESHOLD:  # Django sets None (never) on every connection
+        raw.prepare_threshold = PREPARE_THRESHOLD
+    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    with connection.wrap_database_errors:
+        cursor = wrap(_PreparingCursor(raw))
+    with cursor:
+        yield cursor
 
 
 def fetch_one(sql: str, params: Sequence) -> tuple | None:
     """The first row of ``sql`` run with ``params`` (``%s`` placeholders; a Python list binds as a
     PostgreSQL array, for ``= ANY(%s)``) on the default connection, inside the caller's transaction if
-    any; None when it returns no row. Raises what the driver raises (``django.db.DatabaseError``)."""
-    with connection.cursor() as cursor:
+    any, as a prepared statement (:func:`prepared_cursor`); None when it returns no row. Raises what the
+    driver raises (``django.db.DatabaseError``)."""
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 

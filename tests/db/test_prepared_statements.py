@@ -1,0 +1,89 @@
+"""The fixed SQL of ``database/sql.py`` runs as server-side prepared statements planned once per connection
+(docs/overhead.md, lever 25), while the ORM's statements stay client-bound and unprepared; the query log
+still shows what ran."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from conversations.admission import conversation_totals
+from conversations.generation_worker import generation_start
+from conversations.models import Conversation, Message
+from conversations.services import message_chain_create
+from database.sql import fetch_one
+
+pytestmark = pytest.mark.django_db
+
+MEMBERSHIP_SQL = "SELECT organization_id FROM organizations_membership WHERE user_id = %(user)s"
+
+
+def prepared(fragment: str) -> list[tuple[int, int]]:
+    """``(generic_plans, custom_plans)`` of this connection's prepared statements whose text holds
+    ``fragment`` (PostgreSQL's ``pg_prepared_statements``, read through the ORM's cursor, which is never
+    prepared itself)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE strpos(statement, %s) > 0",
+            [fragment],
+        )
+        return cursor.fetchall()
+
+
+def test_a_fixed_statement_is_prepared_at_its_first_run_and_planned_once(alice):
+    assert prepared("organizations_membership WHERE") == []
+    for _ in range(3):
+        assert fetch_one(MEMBERSHIP_SQL, {"user": alice.pk}) is None
+    # One prepared statement for the three runs, each run on its generic plan: planned once, never re-planned
+    # with the parameters' values (plan_cache_mode, chatsite/settings/database.py).
+    assert prepared("organizations_membership WHERE") == [(3, 0)]
+
+
+def test_the_orms_statements_are_not_prepared(alice):
+    for _ in range(3):
+        assert Conversation.objects.filter(owner=alice, title="prepared?").first() is None
+    assert prepared("prepared?") == []
+    assert prepared('"conversations_conversation"') == []
+
+
+def test_the_query_log_shows_the_sql_of_each_prepared_run(alice):
+    conversation = Conversation.objects.create(owner=alice, title="t")
+    with CaptureQueriesContext(connection) as queries:
+        fetch_one(MEMBERSHIP_SQL, {"user": alice.pk})
+        conversation_totals(conversation=conversation)
+        fetch_one(MEMBERSHIP_SQL, {"user": alice.pk})  # a run of the prepared statement
+    logged = [q["sql"] for q in queries.captured_queries]
+    assert len(logged) == 3
+    assert "organizations_membership" in logged[0]
+    assert "octet_length" in logged[1]
+    assert "organizations_membership" in logged[2]  # not the previous statement's SQL, nor None
+
+
+def test_the_send_chain_and_the_workers_claim_are_prepared_and_keep_their_results(alice):
+    conversation = Conversation.objects.create(owner=alice, title="t")
+    parent = None  # the first chain starts the conversation, the second follows the first reply
+    for n in range(2):
+        _, reply = message_chain_create(
+            conversation=conversation,
+            messages=[
+                {"role": Message.Role.USER, "content": f"question {n}"},
+                {"role": Message.Role.ASSISTANT, "status": Message.Status.QUEUED, "model_name": "m"},
+            ],
+            parent=parent,
+            conversation_locked=True,
+        )
+        claimed = generation_start(message_id=reply.id)
+        assert claimed is not None and claimed.status == Message.Status.STREAMING
+        assert [m[3] for m in claimed.claim_reads.branch][-1] == f"question {n}"
+        Message.objects.filter(pk=reply.pk).update(status=Message.Status.COMPLETED)
+        parent = reply
+    # Each statement prepared once and run twice on its generic plan.
+    assert prepared("WITH RECURSIVE m AS") == [(2, 0)]
+    assert sum(generic for generic, _ in prepared("WITH ids AS MATERIALIZED")) == 2
+    # The stored rows are what the statements wrote.
+    stored = list(conversation.messages.order_by("id").values_list("role", "status", "content"))
+    assert stored == [
+        ("user", "completed", "question 0"),
+        ("assistant", "completed", ""),
+        ("user", "completed", "question 1"),
+        ("assistant", "completed", ""),
+    ]
