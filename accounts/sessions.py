@@ -58,7 +58,7 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
     if not session_key:
         return False
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
-    if not hasattr(store_class, "get_model_class"):
+    if not _keeps_rows(store_class):
         store = store_class(session_key)
         if not _names_user(store, user_id):
             return False
@@ -74,6 +74,12 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
         return False
     user = None if is_active is None else get_user_model()(pk=user_id, is_active=is_active, password=password)
     return _signs_in(session, user)
+
+
+def _keeps_rows(store_class) -> bool:
+    """Whether the session store ``store_class`` keeps its sessions as rows of a model (Django's database
+    engine and the engines built on it), which the fixed statements here can read."""
+    return hasattr(store_class, "get_model_class")
 
 
 @functools.cache
@@ -110,7 +116,7 @@ def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
     users). None when ``SESSION_ENGINE`` keeps no session rows in the database (cache or cookie sessions):
     the caller checks each session on its own then."""
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
-    if not hasattr(store_class, "get_model_class"):
+    if not _keeps_rows(store_class):
         return None
     keys = {key for key, _ in pairs if key}
     rows = store_class.get_model_class().objects.filter(session_key__in=keys, expire_date__gt=timezone.now())

@@ -40,60 +40,65 @@ def _rewrite(key, **changes):
     Session.objects.filter(session_key=key).update(session_data=store.encode(data))
 
 
+def _sessions(key):
+    return Session.objects.filter(session_key=key)
+
+
+def _logged_out(alice, bob, key):
+    _sessions(key).delete()  # log-out flushes the row
+    return key, alice.pk
+
+
+def _expired(alice, bob, key):
+    _sessions(key).update(expire_date=timezone.now() - timedelta(seconds=1))
+    return key, alice.pk
+
+
+def _password_changed(alice, bob, key):
+    alice.set_password("a new one")
+    alice.save()
+    return key, alice.pk
+
+
+def _deactivated(alice, bob, key):
+    get_user_model().objects.filter(pk=alice.pk).update(is_active=False)
+    return key, alice.pk
+
+
+def _user_deleted(alice, bob, key):
+    get_user_model().objects.filter(pk=alice.pk).delete()
+    return key, alice.pk
+
+
+def _tampered(alice, bob, key):
+    _sessions(key).update(session_data="tampered:data")
+    return key, alice.pk
+
+
+def _rewritten(**changes):
+    def arrange(alice, bob, key):
+        _rewrite(key, **{name: (value(bob) if callable(value) else value) for name, value in changes.items()})
+        return key, alice.pk
+
+    return arrange
+
+
+#: case -> (arrange(alice, bob, alice's session key) -> (session_key, user_id) to check, expected answer)
 CASES = {
     "current": (lambda alice, bob, key: (key, alice.pk), True),
     "another user's id": (lambda alice, bob, key: (key, bob.pk), False),
     "a user id that does not exist": (lambda alice, bob, key: (key, 10**9), False),
     "no key": (lambda alice, bob, key: ("", alice.pk), False),
     "an unknown key": (lambda alice, bob, key: ("x" * 32, alice.pk), False),
-    "logged out (row flushed)": (
-        lambda alice, bob, key: (Session.objects.filter(session_key=key).delete(), (key, alice.pk))[1],
-        False,
-    ),
-    "expired": (
-        lambda alice, bob, key: (
-            Session.objects.filter(session_key=key).update(expire_date=timezone.now() - timedelta(seconds=1)),
-            (key, alice.pk),
-        )[1],
-        False,
-    ),
-    "password changed": (
-        lambda alice, bob, key: (alice.set_password("a new one"), alice.save(), (key, alice.pk))[2],
-        False,
-    ),
-    "deactivated": (
-        lambda alice, bob, key: (
-            get_user_model().objects.filter(pk=alice.pk).update(is_active=False),
-            (key, alice.pk),
-        )[1],
-        False,
-    ),
-    "user deleted": (
-        lambda alice, bob, key: (
-            get_user_model().objects.filter(pk=alice.pk).delete(),
-            (key, alice.pk),
-        )[1],
-        False,
-    ),
-    "data that does not verify": (
-        lambda alice, bob, key: (
-            Session.objects.filter(session_key=key).update(session_data="tampered:data"),
-            (key, alice.pk),
-        )[1],
-        False,
-    ),
-    "no backend in the session": (
-        lambda alice, bob, key: (_rewrite(key, _auth_user_backend=None), (key, alice.pk))[1],
-        False,
-    ),
-    "no auth hash in the session": (
-        lambda alice, bob, key: (_rewrite(key, _auth_user_hash=None), (key, alice.pk))[1],
-        False,
-    ),
-    "another user's session": (
-        lambda alice, bob, key: (_rewrite(key, **{SESSION_KEY: str(bob.pk)}), (key, alice.pk))[1],
-        False,
-    ),
+    "logged out (row flushed)": (_logged_out, False),
+    "expired": (_expired, False),
+    "password changed": (_password_changed, False),
+    "deactivated": (_deactivated, False),
+    "user deleted": (_user_deleted, False),
+    "data that does not verify": (_tampered, False),
+    "no backend in the session": (_rewritten(_auth_user_backend=None), False),
+    "no auth hash in the session": (_rewritten(_auth_user_hash=None), False),
+    "another user's session": (_rewritten(**{SESSION_KEY: lambda bob: str(bob.pk)}), False),
 }
 
 
