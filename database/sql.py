@@ -20,7 +20,9 @@ import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 from django.db import connection
-from django.db.backends.postgresql.base import ServerBindingCursor
+from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, ServerBindingCursor
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from psycopg.pq import Format
 
 #: Runs of one statement on one connection before psycopg prepares it there: 0, at its first run. Every
 #: statement through :func:`prepared_cursor` is fixed SQL run on every request, so waiting for psycopg's
@@ -53,8 +55,10 @@ def prepared_cursor() -> Iterator:
     traced as the ORM's, and driver errors arrive as ``django.db`` errors (``IntegrityError``, ...). A
     psycopg connection forgets its prepared statements on ``ROLLBACK`` (``DEALLOCATE ALL``) and prepares
     each again at its next run. The pool here is psycopg's own, in process; a pooler in transaction mode in
-    front of PostgreSQL must track prepared statements (PgBouncer 1.21+: ``max_prepared_statements``). Sources: psycopg's "Prepared statements" (``Connection.prepare_threshold``); PostgreSQL's
-    ``PREPARE`` and ``plan_cache_mode``."""
+    front of PostgreSQL must track prepared statements (PgBouncer 1.21+: ``max_prepared_statements``).
+
+    Sources: psycopg's "Prepared statements" (``Connection.prepare_threshold``); PostgreSQL's ``PREPARE``
+    and ``plan_cache_mode``."""
     # What ``connection.cursor()`` does before it creates Django's client-binding cursor.
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -64,7 +68,11 @@ def prepared_cursor() -> Iterator:
         raw.prepare_threshold = PREPARE_THRESHOLD
     wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
     with connection.wrap_database_errors:
-        cursor = wrap(_PreparingCursor(raw))
+        psycopg_cursor = _PreparingCursor(raw)
+        # As Django's create_cursor: timestamps load in the connection's current time zone.
+        if connection.timezone != raw.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT).timezone:
+            register_tzloader(connection.timezone, psycopg_cursor)
+        cursor = wrap(psycopg_cursor)
     with cursor:
         yield cursor
 
