@@ -1,10 +1,15 @@
 """Reads of API keys, and the one place a bearer key becomes a user."""
 
+import functools
+
+from django.contrib.auth import get_user_model
 from django.http import Http404
 from django.utils import timezone
 
 from api.models import ApiKey
 from api.services import KEY_PREFIX, hash_key
+from billing.models import Tier
+from database.sql import fetch_one, instance_from_row
 
 #: ``last_used_at`` is a key's last use to this many seconds: a key used again sooner is not written again
 #: (one UPDATE and commit less on nearly every API request; the keys page shows it to the minute).
@@ -17,11 +22,8 @@ def api_key_user(*, raw_key: str):
     every caller records it)."""
     if not raw_key or not raw_key.startswith(KEY_PREFIX) or len(raw_key) > 200:
         return None
-    try:
-        api_key = ApiKey.objects.select_related("user__tier").get(
-            key_hash=hash_key(raw_key), revoked_at__isnull=True
-        )
-    except ApiKey.DoesNotExist:
+    api_key = _active_key(key_hash=hash_key(raw_key))
+    if api_key is None:
         return None
     if not api_key.user.is_active:
         return None
@@ -30,6 +32,44 @@ def api_key_user(*, raw_key: str):
     if last is None or (now - last).total_seconds() >= LAST_USED_RESOLUTION_S:
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
     return api_key.user
+
+
+def _active_key(*, key_hash: str) -> ApiKey | None:
+    """The unrevoked key with ``key_hash``, its user and the user's tier loaded with it (what
+    ``ApiKey.objects.select_related("user__tier").get(...)`` loads), or None. One fixed statement, prepared
+    once per connection (``database/sql.py``; docs/overhead.md, lever 26): every API request reads it, and the
+    queryset's three-table join was compiled afresh each time."""
+    sql, row_fields = _key_statement()
+    row = fetch_one(sql, {"key_hash": key_hash})
+    if row is None:
+        return None
+    values = iter(row)
+    api_key, user, tier = (instance_from_row(model, fields, values) for model, fields in row_fields)
+    user.tier = tier
+    api_key.user = user
+    return api_key
+
+
+@functools.cache
+def _key_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
+    """``(sql, ((model, its concrete fields), ...))`` of :func:`_active_key`: the key, its user and the tier,
+    in the order the statement returns their columns. Built once per process."""
+    user_model = get_user_model()
+    row_models = (ApiKey, user_model, Tier)
+    row_fields = tuple((model, tuple(model._meta.concrete_fields)) for model in row_models)
+    columns = ", ".join(
+        f'{alias}."{f.column}"' for alias, (_, fields) in zip("kut", row_fields, strict=True) for f in fields
+    )
+    key_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    key_user = ApiKey._meta.get_field("user").column
+    user_tier = user_model._meta.get_field("tier").column
+    sql = (
+        f'SELECT {columns} FROM "{key_table}" k'
+        f' JOIN "{user_table}" u ON u."{user_model._meta.pk.column}" = k."{key_user}"'
+        f' JOIN "{tier_table}" t ON t."{Tier._meta.pk.column}" = u."{user_tier}"'
+        f' WHERE k."key_hash" = %(key_hash)s AND k."revoked_at" IS NULL'
+    )
+    return sql, row_fields
 
 
 def api_keys_for_user(*, user) -> list[ApiKey]:
