@@ -9,7 +9,7 @@ from django.utils import timezone
 from api.models import ApiKey
 from api.services import KEY_PREFIX, hash_key
 from billing.models import Tier
-from database.sql import fetch_one, instance_from_row
+from database.sql import fetch_one, instances_from_row, select_list
 
 #: ``last_used_at`` is a key's last use to this many seconds: a key used again sooner is not written again
 #: (one UPDATE and commit less on nearly every API request; the keys page shows it to the minute).
@@ -43,8 +43,7 @@ def _active_key(*, key_hash: str) -> ApiKey | None:
     row = fetch_one(sql, {"key_hash": key_hash})
     if row is None:
         return None
-    values = iter(row)
-    api_key, user, tier = (instance_from_row(model, fields, values) for model, fields in row_fields)
+    api_key, user, tier = instances_from_row(row_fields, row)
     user.tier = tier
     api_key.user = user
     return api_key
@@ -55,12 +54,8 @@ def _key_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
     """``(sql, ((model, its concrete fields), ...))`` of :func:`_active_key`: the key, its user and the tier,
     in the order the statement returns their columns. Built once per process."""
     user_model = get_user_model()
-    row_models = (ApiKey, user_model, Tier)
-    row_fields = tuple((model, tuple(model._meta.concrete_fields)) for model in row_models)
-    columns = ", ".join(
-        f'{alias}."{f.column}"' for alias, (_, fields) in zip("kut", row_fields, strict=True) for f in fields
-    )
-    key_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    columns, row_fields = select_list((("k", ApiKey), ("u", user_model), ("t", Tier)))
+    key_table, user_table, tier_table = (model._meta.db_table for model, _ in row_fields)
     key_user = ApiKey._meta.get_field("user").column
     user_tier = user_model._meta.get_field("tier").column
     sql = (

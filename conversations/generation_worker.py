@@ -17,7 +17,7 @@ from billing.quota import quota_settle
 from billing.services import usage_record_create
 from conversations import branches, recall
 from conversations.models import Conversation, Message
-from database.sql import instance_from_row, prepared_cursor
+from database.sql import instances_from_row, prepared_cursor, select_list
 from database.storable_text import storable_text
 from documents.models import Document
 from documents.selectors import citations_for_messages
@@ -64,8 +64,7 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
         return None
     # Each row loaded as a queryset loads it (each field's converters: JSONField decodes its text, ...).
     values = iter(row)
-    loaded = [instance_from_row(model, model_fields, values) for model, model_fields in row_fields]
-    message, conversation, owner, tier = loaded
+    message, conversation, owner, tier = instances_from_row(row_fields, values)
     owner.tier = tier
     conversation.owner = owner
     message.conversation = conversation
@@ -85,12 +84,10 @@ def _claim_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
     """``(sql, ((model, its concrete fields), ...))`` of :func:`generation_start`'s claim, for the reply,
     its conversation, owner and tier, in the order the statement returns their columns, followed by the
     three :class:`ClaimReads` columns. Built once per process (the models do not change after start-up)."""
-    row_models = (Message, Conversation, get_user_model(), Tier)
-    row_fields = tuple((model, tuple(model._meta.concrete_fields)) for model in row_models)
-    columns = ", ".join(
-        f'{alias}."{f.column}"' for alias, (_, fields) in zip("mcut", row_fields, strict=True) for f in fields
+    columns, row_fields = select_list(
+        (("m", Message), ("c", Conversation), ("u", get_user_model()), ("t", Tier))
     )
-    message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m in row_models)
+    message_table, conversation_table, user_table, tier_table = (m._meta.db_table for m, _ in row_fields)
     # The ancestors walk up the parent pointers from the claimed reply (branches._WALK_UP's walk).
     sql = f"""
         WITH RECURSIVE m AS (

@@ -99,6 +99,27 @@ def instance_from_row(model, fields: Sequence, values: Iterable):
     return model.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
+def select_list(aliased_models: Sequence[tuple[str, type]]) -> tuple[str, tuple[tuple[type, tuple], ...]]:
+    """``(columns, row_fields)`` for one statement that reads a row of each model of ``aliased_models``
+    (``((table alias, model), ...)``): the select list of their concrete fields' columns, each qualified by
+    its alias, in that order, and ``((model, its concrete fields), ...)`` for :func:`instances_from_row`."""
+    row_fields = tuple((model, tuple(model._meta.concrete_fields)) for _, model in aliased_models)
+    columns = ", ".join(
+        f'{alias}."{field.column}"'
+        for (alias, _), (_, fields) in zip(aliased_models, row_fields, strict=True)
+        for field in fields
+    )
+    return columns, row_fields
+
+
+def instances_from_row(row_fields: Sequence[tuple[type, Sequence]], values: Iterable) -> list:
+    """One instance per ``(model, fields)`` of ``row_fields`` (from :func:`select_list`) read off ``values``
+    in order, each loaded by :func:`instance_from_row`. Pass an iterator to read the columns after them
+    yourself."""
+    values = iter(values)
+    return [instance_from_row(model, fields, values) for model, fields in row_fields]
+
+
 @functools.cache
 def _select_statement(model, where: str, for_update: bool) -> str:
     columns = ", ".join(f'"{f.column}"' for f in model._meta.concrete_fields)
