@@ -76,16 +76,22 @@ class Pool:
     member_cap: int | None
 
 
-#: The user's membership (at most one: ``Membership.user`` is one-to-one), read on every reservation; a
-#: fixed string (``database/sql.py``, lever 19).
-_MEMBERSHIP_SQL = (
+#: The user's membership ``(organization_id, daily_token_cap)`` (at most one row: ``Membership.user`` is
+#: one-to-one), read on every reservation; a fixed string (``database/sql.py``, lever 19) that admission also
+#: reads inside its own statement (``conversations.admission``, lever 28), with ``%(user)s`` the user's id.
+MEMBERSHIP_SQL = (
     "SELECT organization_id, daily_token_cap FROM organizations_membership WHERE user_id = %(user)s"
 )
 
+#: ``membership`` not read yet (see :func:`pool_for`).
+UNREAD = object()
 
-def pool_for(*, user) -> Pool | None:
-    """The pool ``user`` draws from, or None (not in a team, or the team has no paid subscription)."""
-    membership = fetch_one(_MEMBERSHIP_SQL, {"user": user.pk})
+
+def pool_for(*, user, membership=UNREAD) -> Pool | None:
+    """The pool ``user`` draws from, or None (not in a team, or the team has no paid subscription).
+    ``membership``: the user's :data:`MEMBERSHIP_SQL` row (or None: no team) when the caller read it already."""
+    if membership is UNREAD:
+        membership = fetch_one(MEMBERSHIP_SQL, {"user": user.pk})
     if membership is None:
         return None
     organization_id, member_cap = membership
@@ -145,17 +151,18 @@ def quota_status(*, user, day: date | None = None) -> QuotaStatus:
     return pooled
 
 
-def quota_reserve(*, user, tokens: int, day: date | None = None) -> DailyQuota:
+def quota_reserve(*, user, tokens: int, day: date | None = None, membership=UNREAD) -> DailyQuota:
     """Hold ``tokens`` (> 0) of ``user``'s quota for ``day`` (default today). Returns the ledger row.
+    ``membership``: as for :func:`pool_for`, when the caller read it already.
 
     Raises :class:`QuotaExceeded` (nothing held) when ``used + reserved + tokens`` would pass the tier's
     ``tokens_per_day`` plus today's grants. Call it inside the transaction that stores the reply, then
-    :func:`quota_hold` the reservation on the stored message: a rollback releases everything.
+    :func:`quota_hold_row`'s row with the stored message: a rollback releases everything.
     """
     if tokens <= 0:
         raise ValueError("a reservation holds at least one token")
     day = day or quota_day()
-    pool = pool_for(user=user)
+    pool = pool_for(user=user, membership=membership)
     if pool is not None:
         return _pool_reserve(user=user, pool=pool, tokens=tokens, day=day)
     limit = user.tier.tokens_per_day
@@ -198,7 +205,7 @@ def _upsert_reserve(*, user_id: int, day: date, limit: int, tokens: int) -> Dail
 
 def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:
     """:func:`quota_reserve` for a team member: member row (cap), then pool row, in one savepoint. The
-    returned member row carries ``pool_quota_id`` for :func:`quota_hold`."""
+    returned member row carries ``pool_quota_id`` for :func:`quota_hold_row`."""
     _ensure_row(user_id=user.pk, day=day)
     _ensure_pool_row(organization_id=pool.organization_id, day=day)
     with transaction.atomic():
@@ -224,11 +231,11 @@ def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:
     return row
 
 
-def quota_hold(*, quota: DailyQuota, message, tokens: int) -> QuotaReservation:
-    """Tie a reservation made by :func:`quota_reserve` to the reply it admitted (same transaction)."""
-    return QuotaReservation.objects.create(
-        quota=quota, pool_id=getattr(quota, "pool_quota_id", None), message=message, tokens=tokens
-    )
+def quota_hold_row(*, quota: DailyQuota, tokens: int) -> QuotaReservation:
+    """The unsaved :class:`QuotaReservation` of a reservation made by :func:`quota_reserve`, its reply not set
+    yet: for a caller that stores it with the reply in one statement (``conversations.message_chain``,
+    docs/overhead.md lever 28): a rollback of that transaction releases the reservation too."""
+    return QuotaReservation(quota=quota, pool_id=getattr(quota, "pool_quota_id", None), tokens=tokens)
 
 
 def quota_settle(*, message, used_tokens: int, user=None) -> bool:

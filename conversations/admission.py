@@ -29,11 +29,17 @@ from django.db import transaction
 from django_ratelimit.core import get_usage
 
 from billing.models import DailyQuota
-from billing.quota import QuotaExceeded, quota_hold, quota_reserve, quota_status
+from billing.quota import (
+    MEMBERSHIP_SQL,
+    QuotaExceeded,
+    quota_hold_row,
+    quota_reserve,
+    quota_status,
+)
 from billing.selectors import seconds_until_tomorrow
 from conversations import load
 from conversations.models import Message
-from conversations.selectors import active_generation_count
+from conversations.selectors import ACTIVE_REPLIES_SQL, active_replies_params
 from database.sql import fetch_one
 from inference.registry import models_for_tier
 
@@ -68,10 +74,13 @@ class Admission:
     reserved_tokens: int = 0
     quota: DailyQuota | None = None
 
-    def attach(self, message) -> None:
-        """Tie the quota reservation to the stored reply (same transaction), so its end settles it."""
-        if self.quota is not None:
-            quota_hold(quota=self.quota, message=message, tokens=self.reserved_tokens)
+    def reservation_row(self):
+        """The unsaved ``QuotaReservation`` that ties the quota reservation to the reply it admitted (so the
+        reply's end settles it), its reply not set, or None when nothing was reserved. The caller stores it
+        with the reply, in the same statement (``message_chain_create(attached=...)``, lever 28)."""
+        if self.quota is None:
+            return None
+        return quota_hold_row(quota=self.quota, tokens=self.reserved_tokens)
 
 
 def _retry_after(wait_s: float, threshold_s: float) -> int:
@@ -272,6 +281,25 @@ def load_gate_for_user(*, user, model_name: str = "") -> tuple[str, float, bool]
     return load_gate(tier=user.tier, model_name=model_name)
 
 
+#: :func:`user_admission_reads`' one statement: the user's active replies and team membership, each the fixed
+#: statement its owner runs alone (``conversations.selectors``, ``billing.quota``), read in one round trip.
+_USER_READS_SQL = f"""
+SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap
+  FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
+"""
+
+
+def user_admission_reads(*, user) -> tuple[int, tuple[int, int | None] | None]:
+    """``(active replies, membership)`` of ``user`` in one statement (docs/overhead.md, lever 28; two
+    before): how many of the user's replies are queued or streaming
+    (``selectors.active_generation_count``), and the user's team membership ``(organization_id,
+    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again."""
+    active, organization_id, cap = fetch_one(
+        _USER_READS_SQL, {**active_replies_params(user), "user": user.pk}
+    )
+    return active, None if organization_id is None else (organization_id, cap)
+
+
 def admission_check(
     *, user, prompt_tokens_bound: int | None = None, model_name: str | None = None
 ) -> Admission:
@@ -280,13 +308,14 @@ def admission_check(
     ``prompt_tokens_bound``: an upper bound of the prompt in tokens (default: the tier's whole context).
     ``model_name``: the model the user chose (see :func:`route`), "" for the tier's routing.
     Inside ``transaction.atomic()`` the quota is reserved (``min(max_context_tokens, bound +
-    max_reply_tokens)`` tokens) and the caller must :meth:`Admission.attach` the stored reply; outside a
+    max_reply_tokens)`` tokens) and the caller must store :meth:`Admission.reservation_row` with the reply; outside a
     transaction the quota is only checked. Counts one request against the per-minute rate when the load
     and concurrency checks passed. ``model_name``: the model a client named (:func:`route`); the
     :class:`Admission` says which model will answer."""
     tier = user.tier
     model_name, wait, degraded = load_gate(tier=tier, model_name=model_name)
-    if active_generation_count(user=user) >= tier.max_concurrent_generations:
+    active, membership = user_admission_reads(user=user)
+    if active >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",
             f"Your plan allows {tier.max_concurrent_generations} reply at a time; wait for the current one.",
@@ -310,7 +339,7 @@ def admission_check(
     admission = Admission(model_name=model_name, degraded=degraded, expected_wait_s=wait)
     if transaction.get_connection().in_atomic_block:
         try:
-            admission.quota = quota_reserve(user=user, tokens=needed)
+            admission.quota = quota_reserve(user=user, tokens=needed, membership=membership)
         except QuotaExceeded as exc:
             raise _quota_refusal(tier, remaining=exc.remaining, needed=needed) from exc
         admission.reserved_tokens = needed

@@ -86,7 +86,13 @@ def completion_request(
             "api_user": api_user,
             "api_metadata": api_metadata or None,
         }
-        *stored_turns, reply = message_chain_create(
+        # The input verdict (on the last user turn) and the reply's quota reservation go in the same
+        # statement (lever 28).
+        last_user = max((i for i, turn in enumerate(turns) if turn["role"] == "user"), default=None)
+        verdict_row = (
+            None if last_user is None else moderation.input_row(verdict=verdict, user=user, text=user_text)
+        )
+        *_, reply = message_chain_create(
             conversation=conversation,
             messages=[
                 *({"role": turn["role"], "content": turn["content"]} for turn in turns),
@@ -99,10 +105,10 @@ def completion_request(
             ],
             parent=None,
             conversation_locked=True,
+            attached=[(verdict_row, last_user), (admission.reservation_row(), len(turns))],
         )
-        last_user = next((m for m in reversed(stored_turns) if m.role == Message.Role.USER), None)
-        admission.attach(reply)
-        moderation.input_record(verdict=verdict, user=user, message=last_user, text=user_text)
+        if last_user is None:  # no user turn: the verdict is stored on its own, for no message
+            moderation.input_record(verdict=verdict, user=user, message=None, text=user_text)
         if on_queued is not None:
             on_queued(reply)
         reply_dispatch(message=reply)

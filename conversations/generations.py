@@ -105,8 +105,9 @@ def _queue_reply(
         messages=[_queued_reply_fields(admission)],
         parent=parent,
         conversation_locked=conversation_locked,  # the caller stored ``parent`` in this transaction
+        attached=[(admission.reservation_row(), 0)],  # its quota reservation, if any (lever 28)
     )
-    _reply_queued(conversation=conversation, message=message, parent=parent, admission=admission)
+    _reply_queued(conversation=conversation, message=message, parent=parent)
     return message
 
 
@@ -115,13 +116,10 @@ def _reply_queued(
     conversation: Conversation,
     message: Message,
     parent: Message,
-    admission: Admission,
     question_prefetch_settled: bool = False,
 ) -> None:
-    """After a queued reply ``message`` to ``parent`` is stored: attach ``admission`` to it, dispatch it when the
-    transaction commits, ask for its question's vector (unless the caller ``question_prefetch_settled``
-    before its transaction), and show the new branch in the owner's other tabs."""
-    admission.attach(message)
+    """After a queued reply ``message`` to ``parent`` is stored with its reservation: dispatch it on commit, ask
+    for its question's vector (unless the caller ``question_prefetch_settled``), show its branch in other tabs."""
     reply_dispatch(message=message)
     if conversation.stored and not question_prefetch_settled:
         recall.question_prefetch(
@@ -214,7 +212,7 @@ def reply_request(
                 prompt_tokens_bound=bound,
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
-            # The user message and its queued reply in one statement (lever 20, docs/overhead.md).
+            # The message, its reply, its verdict and the reply's reservation: one statement (levers 20, 28).
             user_message, assistant = message_chain_create(
                 conversation=conversation,
                 messages=[
@@ -223,13 +221,15 @@ def reply_request(
                 ],
                 parent=None if new else APPEND,
                 conversation_locked=True,  # created here, or read with its row lock above
+                attached=[
+                    (moderation.input_row(verdict=verdict, user=user, text=content), 0),
+                    (admission.reservation_row(), 1),  # None when nothing was reserved
+                ],
             )
-            moderation.input_record(verdict=verdict, user=user, message=user_message, text=content)
             _reply_queued(
                 conversation=conversation,
                 message=assistant,
                 parent=user_message,
-                admission=admission,
                 question_prefetch_settled=True,
             )
     except IntegrityError as exc:

@@ -10,7 +10,9 @@ depends only on the chain's length and which pointers move, so it is built once 
 - a ``WITH`` item takes the chain's ids from the table's identity sequence (``nextval``), so each message's
   ``parent`` and ``active_child`` are known inside the statement: a row is inserted with its final pointers
   and never updated (a data-modifying ``WITH`` cannot see rows its siblings insert, PostgreSQL manual 7.8.4);
-- the previous leaf's ``active_child`` and the conversation's ``active_leaf`` move in two more ``WITH`` items.
+- the previous leaf's ``active_child`` and the conversation's ``active_leaf`` move in two more ``WITH`` items;
+- rows of other models that point at a message of the chain (a send's input verdict, its reply's quota
+  reservation) can be stored in the same statement too, each in a ``WITH`` item of its own (lever 28).
 
 A message references its successor before that row exists within the statement; Django creates foreign keys
 ``DEFERRABLE INITIALLY DEFERRED``, so they are checked at commit, as they are for the ORM's writes. Field
@@ -28,7 +30,7 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
-from database.sql import prepared_cursor
+from database.sql import insert_fields, mark_saved, prepared_cursor
 
 #: The columns every chained message is inserted with besides ``id``, ``parent`` and ``active_child``
 #: (which the statement computes): the model's concrete fields, in declaration order.
@@ -45,11 +47,25 @@ def _value_fields() -> tuple:
 
 
 @cache
-def _statement(length: int, *, moves_parent: bool, moves_leaf: bool) -> str:
+def _message_key(model) -> object:
+    """The one foreign key of ``model`` to ``Message`` (what an attached row of :func:`chain_insert` points
+    with). Raises ``ValueError`` when it has none or several."""
+    keys = [f for f in insert_fields(model) if f.is_relation and f.related_model is Message]
+    if len(keys) != 1:
+        raise ValueError(f"{model._meta.label} needs exactly one foreign key to Message to be attached")
+    return keys[0]
+
+
+@cache
+def _statement(
+    length: int, *, moves_parent: bool, moves_leaf: bool, attached: tuple[tuple[type, int], ...] = ()
+) -> str:
     """The SQL that inserts ``length`` chained messages (``%s`` placeholders: the parent id, then each
     message's value fields in :func:`_value_fields` order, then the parent id again when ``moves_parent``,
-    then the conversation's ``updated_at`` and id when ``moves_leaf``). It returns one row: the chain's ids
-    as an array, in chain order."""
+    then the conversation's ``updated_at`` and id when ``moves_leaf``, then each attached row's fields but its
+    key to Message, in ``database.sql.insert_fields`` order). ``attached``: ``((model, index in the chain),
+    ...)`` of the rows stored with it. It returns one row: the chain's ids as an array, in chain order, then
+    each attached row's primary key."""
     qn = connection.ops.quote_name
     table = qn(Message._meta.db_table)
     columns = ", ".join(qn(f.column) for f in _value_fields())
@@ -79,17 +95,37 @@ def _statement(length: int, *, moves_parent: bool, moves_leaf: bool) -> str:
             f"leaf_moved AS (UPDATE {qn(Conversation._meta.db_table)} SET {qn('active_leaf_id')} = {nth(length)}, "
             f"{qn('updated_at')} = %s WHERE {qn('id')} = %s)"
         )
-    return "WITH " + ",\n".join(parts) + "\nSELECT v FROM ids"
+    returned = ["v"]
+    for n, (model, index) in enumerate(attached, 1):
+        fields, key = insert_fields(model), _message_key(model)
+        values = ", ".join(nth(index + 1) if f is key else "%s" for f in fields)
+        pk = qn(model._meta.pk.column)
+        parts.append(
+            f"attached{n} AS (INSERT INTO {qn(model._meta.db_table)} ({', '.join(qn(f.column) for f in fields)}) "
+            f"VALUES ({values}) RETURNING {pk})"
+        )
+        returned.append(f"(SELECT {pk} FROM attached{n})")
+    return "WITH " + ",\n".join(parts) + f"\nSELECT {', '.join(returned)} FROM ids"
 
 
 def chain_insert(
-    *, conversation: Conversation, messages: Sequence[dict], parent_id: int | None, moves_leaf: bool
+    *,
+    conversation: Conversation,
+    messages: Sequence[dict],
+    parent_id: int | None,
+    moves_leaf: bool,
+    attached: Sequence[tuple[object, int]] = (),
 ) -> list[Message]:
     """Insert ``messages`` (one dict of ``Message`` field values each, without ``conversation``, ``parent``
     or ``active_child``) into ``conversation`` as a chain: the first is a child of ``parent_id`` (None: a
     root), each next one a child of the one before, each one's ``active_child`` its successor. The parent's
     ``active_child`` moves to the first; with ``moves_leaf`` the conversation's ``active_leaf`` moves to the
     last and its ``updated_at`` to now (``conversation.active_leaf_id`` is set in memory either way).
+
+    ``attached``: ``((row, index), ...)``: unsaved instances of other models, each with one foreign key to
+    ``Message``, stored in the same statement pointing at the ``index``-th message of the chain (0-based) and
+    saved as ``Model.objects.create`` saves them (``database.sql.insert_instance``; no signals sent). A
+    ``row`` None is left out.
 
     One round trip, inside the caller's transaction (the caller holds the conversation's row lock, or the
     conversation is its own). Returns the stored messages, in chain order, as saved ``Message`` objects.
@@ -106,15 +142,25 @@ def chain_insert(
         params.append(parent_id)
     if moves_leaf:
         params.extend([timezone.now(), conversation.pk])
-    sql = _statement(len(stored), moves_parent=parent_id is not None, moves_leaf=moves_leaf)
+    attached = [(row, index) for row, index in attached if row is not None]
+    for row, _ in attached:
+        key = _message_key(type(row))
+        params.extend(
+            f.get_db_prep_save(f.pre_save(row, True), connection)
+            for f in insert_fields(type(row))
+            if f is not key
+        )
+    shape = tuple((type(row), index % len(stored)) for row, index in attached)
+    sql = _statement(len(stored), moves_parent=parent_id is not None, moves_leaf=moves_leaf, attached=shape)
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
-        (ids,) = cursor.fetchone()
+        ids, *attached_ids = cursor.fetchone()
+    for (row, _), (model, index), pk in zip(attached, shape, attached_ids, strict=True):
+        setattr(row, _message_key(model).attname, ids[index])
+        mark_saved(row, pk=pk)
     for k, message in enumerate(stored):
-        message.pk = ids[k]
         message.parent_id = ids[k - 1] if k else parent_id
         message.active_child_id = ids[k + 1] if k + 1 < len(ids) else None
-        message._state.adding = False
-        message._state.db = connection.alias
+        mark_saved(message, pk=ids[k])
     conversation.active_leaf_id = ids[-1]
     return stored

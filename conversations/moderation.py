@@ -11,7 +11,7 @@ from conversations.models import Conversation, Message
 from conversations.services import APPEND, message_create
 from events import broadcast
 from safety.chain import Verdict, chain_run
-from safety.services import verdict_record
+from safety.services import verdict_record, verdict_row
 
 INPUT_BLOCKED_MESSAGE = (
     "This message was not sent: it was blocked by the content policy ({categories}). No reply was generated "
@@ -50,6 +50,15 @@ def input_check(*, user, text: str) -> Verdict:
     """The input chain on ``text`` under ``user``'s tier policy (``safety.chain.chain_run``): run before
     admission, so a blocked message reserves no quota and queues nothing."""
     return chain_run(text=text, stage="input", tier=user.tier, user_id=user.pk)
+
+
+def input_row(*, verdict: Verdict, user, text: str):
+    """The unsaved verdict row of an admitted user message (``verdict`` not blocked), its message not set:
+    stored with the message in one statement (``message_chain_create(attached=...)``, docs/overhead.md
+    lever 28). What :func:`input_record` stores for it."""
+    if verdict.blocked:
+        raise ValueError("a blocked verdict is stored with input_record (it applies the strike policy)")
+    return verdict_row(verdict=verdict, user=user, text=text)
 
 
 def input_record(*, verdict: Verdict, user, message: Message | None, text: str) -> None:

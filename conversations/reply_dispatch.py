@@ -20,13 +20,14 @@ from observability.logs import current_field
 GENERATE_TASK = "inference.generate_reply"
 
 
-#: Queued replies of a model whose owner's tier ranks above ``priority``, or equal with an id up to ``id``.
-_PLACE_IN_LINE_SQL = """
+#: Queued replies of a model whose owner's tier ranks above ``priority``, or equal with an id up to ``id``. The
+#: status is written in, not bound: the partial index of active replies then serves the generic plan (lever 29).
+_PLACE_IN_LINE_SQL = f"""
 SELECT COUNT(*) FROM conversations_message m
   JOIN conversations_conversation c ON c.id = m.conversation_id
   JOIN accounts_user u ON u.id = c.owner_id
   JOIN billing_tier t ON t.id = u.tier_id
- WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status = %(status)s
+ WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status = '{Message.Status.QUEUED}'
    AND (t.queue_priority > %(priority)s OR (t.queue_priority = %(priority)s AND m.id <= %(id)s))
 """
 
@@ -38,7 +39,6 @@ def queue_position(*, message: Message) -> int:
     params = {
         "model": message.model_name,
         "role": Message.Role.ASSISTANT,
-        "status": Message.Status.QUEUED,
         "priority": message.conversation.owner.tier.queue_priority,
         "id": message.id,
     }

@@ -80,18 +80,23 @@ def message_list(*, conversation: Conversation) -> list[Message]:
     return list(conversation.messages.order_by("created_at", "id"))
 
 
-#: :func:`active_generation_count`'s one statement (a fixed string: ``database/sql.py``, lever 19).
-_ACTIVE_REPLIES_SQL = """
+#: :func:`active_generation_count`'s one statement (a fixed string: ``database/sql.py``, lever 19), with
+#: ``%(owner)s`` the user's id; admission reads it inside a statement of its own (lever 28).
+ACTIVE_REPLIES_SQL = f"""
 SELECT COUNT(*) FROM conversations_message m
   JOIN conversations_conversation c ON c.id = m.conversation_id
- WHERE c.owner_id = %(owner)s AND m.role = %(assistant)s AND m.status = ANY(%(active)s)
+ WHERE c.owner_id = %(owner)s AND m.role = %(assistant)s AND m.status IN {Message.ACTIVE_STATUSES_SQL}
 """
+
+
+def active_replies_params(user) -> dict:
+    """:data:`ACTIVE_REPLIES_SQL`'s parameters for ``user``."""
+    return {"owner": user.pk, "assistant": Message.Role.ASSISTANT}
 
 
 def active_generation_count(*, user) -> int:
     """How many of ``user``'s replies are queued or streaming right now."""
-    params = {"owner": user.pk, "assistant": Message.Role.ASSISTANT, "active": list(Message.ACTIVE_STATUSES)}
-    return fetch_one(_ACTIVE_REPLIES_SQL, params)[0]
+    return fetch_one(ACTIVE_REPLIES_SQL, active_replies_params(user))[0]
 
 
 def message_page(*, conversation: Conversation, page_number=1, per_page: int = 50) -> Page:

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from conversations.message_chain import chain_insert
 from conversations.models import Conversation, Message
+from database.sql import insert_instance
 
 TITLE_MAX_CHARS = 60
 
@@ -27,8 +28,9 @@ def conversation_create(
     ``send`` that starts it (unique per owner; raises IntegrityError when taken)."""
     if system_prompt is None:
         system_prompt = getattr(owner, "default_system_prompt", "") or ""
-    return Conversation.objects.create(
-        owner=owner, title=title.strip()[:200], system_prompt=system_prompt, client_id=client_id
+    # A fixed insert (lever 27): every new chat and every API completion starts with this row.
+    return insert_instance(
+        Conversation(owner=owner, title=title.strip()[:200], system_prompt=system_prompt, client_id=client_id)
     )
 
 
@@ -126,6 +128,7 @@ def message_chain_create(
     parent: Message | None | _Append = APPEND,
     conversation_locked: bool = False,
     moves_leaf: bool = True,
+    attached: Sequence[tuple[object, int]] = (),
 ) -> list[Message]:
     """Store ``messages`` (one dict of ``Message`` field values each: ``role``, ``content``, ``status``,
     ...) as a chain, each the parent of the next, in one SQL statement (``conversations.message_chain``,
@@ -137,8 +140,9 @@ def message_chain_create(
     ``conversation_locked``: the caller's transaction already holds the conversation's row lock (it read
     ``conversation`` with it, stored a message there just now, or created the conversation), so the lock is
     not taken again (one round trip less); with ``parent`` left out the chain follows
-    ``conversation.active_leaf_id`` as the caller read it under that lock. Raises ``ValueError`` for an
-    empty chain, ``IntegrityError`` for a taken ``client_id``.
+    ``conversation.active_leaf_id`` as the caller read it under that lock. ``attached``: rows of other models
+    that point at a message of the chain, stored in the same statement (``chain_insert``). Raises
+    ``ValueError`` for an empty chain, ``IntegrityError`` for a taken ``client_id``.
     """
     # No savepoint: every caller either runs it alone (then this is the transaction) or inside a transaction
     # of its own that it rolls back whole on any error, so a savepoint would be two round trips for nothing.
@@ -155,5 +159,9 @@ def message_chain_create(
                 Conversation.objects.select_for_update().only("id").get(pk=conversation.pk)
             parent_id = parent.pk if parent is not None else None
         return chain_insert(
-            conversation=conversation, messages=messages, parent_id=parent_id, moves_leaf=moves_leaf
+            conversation=conversation,
+            messages=messages,
+            parent_id=parent_id,
+            moves_leaf=moves_leaf,
+            attached=attached,
         )

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from database.sql import insert_instance
 from database.storable_text import storable_text
 from safety.chain import Verdict
 from safety.models import ModerationVerdict
 from safety.strikes import strike_apply
 
 
-def verdict_record(
+def verdict_row(
     *, verdict: Verdict, user, message_id: int | None = None, text: str = ""
 ) -> ModerationVerdict:
-    """Store ``verdict`` for ``user``'s message ``message_id`` (None when there is no stored message) and,
-    after a block, apply the strike policy (:func:`safety.strikes.strike_apply`). ``text`` (the text
-    judged) is kept only for a flagged or blocked verdict, for staff review. Call it inside the transaction
-    that stores the message, so a verdict never outlives a rolled-back message."""
-    row = ModerationVerdict.objects.create(
+    """The unsaved :class:`ModerationVerdict` row of ``verdict`` for ``user``'s message ``message_id``, as
+    :func:`verdict_record` stores it; for a caller that stores it with its message in one statement
+    (``conversations.message_chain``, docs/overhead.md lever 28), which only an allowed or flagged verdict
+    may be (a block also applies the strike policy: :func:`verdict_record`)."""
+    return ModerationVerdict(
         text=storable_text(text) if verdict.flagged else "",
         user=user,
         message_id=message_id,
@@ -29,6 +30,17 @@ def verdict_record(
         results=verdict.results,
         failures=verdict.failures,
     )
+
+
+def verdict_record(
+    *, verdict: Verdict, user, message_id: int | None = None, text: str = ""
+) -> ModerationVerdict:
+    """Store ``verdict`` for ``user``'s message ``message_id`` (None when there is no stored message) and,
+    after a block, apply the strike policy (:func:`safety.strikes.strike_apply`). ``text`` (the text
+    judged) is kept only for a flagged or blocked verdict, for staff review. Call it inside the transaction
+    that stores the message, so a verdict never outlives a rolled-back message."""
+    # A fixed insert (docs/overhead.md, lever 27): every reply stores one.
+    row = insert_instance(verdict_row(verdict=verdict, user=user, message_id=message_id, text=text))
     if verdict.blocked and user is not None:
         outcome = strike_apply(user=user)
         if outcome:

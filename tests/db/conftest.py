@@ -45,13 +45,14 @@ def publish_worker(status, *, ttl_s: int = 300) -> None:
 def clear_fleet() -> None:
     from conversations import load
     from events import broadcast
-    from inference import fleet
+    from inference import fleet, rollout
 
     client = broadcast.redis_client()
     keys = list(client.scan_iter(match=f"{fleet.KEY_PREFIX}*", count=1000))
     if keys:
         client.delete(*keys)
     load.clear_cache()
+    rollout.forget_rollouts()  # a rollout row cached from another test's rolled-back transaction
 
 
 @pytest.fixture(autouse=True)

@@ -268,3 +268,30 @@ def test_refusals_noted_on_the_event_loop_survive_a_redis_error_until_the_next_f
     assert refusals.refusals_recent(minutes=1).get(("free", "busy")) is None
     assert refusals.refusals_flush() == 2
     assert refusals.refusals_recent(minutes=1)[("free", "busy")] == 2
+
+
+def test_the_rollout_is_read_once_per_cache_period_and_a_change_saved_here_applies_at_once(
+    settings, django_assert_num_queries
+):
+    from django.db import connection
+
+    from inference.rollout import forget_rollouts
+
+    settings.ADMISSION_LOAD_CACHE_S = 60
+    forget_rollouts()
+    with django_assert_num_queries(1):
+        assert route_for(model_name=MODEL, message_id=1, default_queue="q") == ("q", "")
+        assert route_for(model_name=MODEL, message_id=2, default_queue="q") == ("q", "")  # cached
+    # Another process's change (no signal here) is seen once the cached read is older than the period.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO observability_modelrollout (model_name, stable_version, candidate_version, percent,"
+            " updated_at) VALUES (%s, 'v1', 'v2', 100, now())",
+            [MODEL],
+        )
+    assert route_for(model_name=MODEL, message_id=3, default_queue="q") == ("q", "")
+    settings.ADMISSION_LOAD_CACHE_S = 0
+    assert route_for(model_name=MODEL, message_id=4, default_queue="q")[1] == "v2"
+    settings.ADMISSION_LOAD_CACHE_S = 60
+    rollout_set(model_name=MODEL, to_version="v3", percent=100)  # saved in this process: at once
+    assert route_for(model_name=MODEL, message_id=5, default_queue="q")[1] == "v3"

@@ -26,17 +26,20 @@ pytestmark = pytest.mark.django_db
 
 #: Round trips of a first ``send`` (with the page's ``client_id``, ``resend`` false) to an existing
 #: conversation: the conversation with its row lock, the prompt bound and the busy check (one aggregate),
-#: the concurrency count, the quota (one upsert) and the organisation's cap, the two messages (one statement
-#: that inserts both and moves the previous leaf's pointer and the conversation's leaf), the input guard's verdict, the reservation, the rollout, the place in line, and whether the
+#: the concurrency count and the organisation's cap (one statement), the quota (one upsert), the two messages
+#: with the input guard's verdict and the reply's reservation (one statement that inserts all four and moves
+#: the previous leaf's pointer and the conversation's leaf), the place in line, and whether the
 #: question's vector is wanted (conversations.recall.question_vector_wanted: one query that spares the
-#: embeddings worker a model call per send nothing would read); BEGIN/COMMIT are not counted. It was 29
+#: embeddings worker a model call per send nothing would read); the rollout is read at most once per
+#: ADMISSION_LOAD_CACHE_S per process; BEGIN/COMMIT are not counted. It was 13 before lever 28 (the
+#: verdict, the reservation, the organisation's cap and the rollout each a statement of its own), 29
 #: without the organisation, guard and vector reads before the first cut (savepoints per message, the owner
 #: and tier read again for dispatch, two counts each for the prompt bound and the place in line), then 23
 #: before lever 16 (docs/overhead.md): the idempotency lookup before a first send, the quota's
 #: insert-if-missing and read, and the user message's leaf update; then 19 before lever 18: the
 #: conversation is now read with its row lock, so the separate lock and the busy check's own query are gone
 #: (the busy check is a count in the prompt bound's aggregate).
-SEND_QUERIES = 13
+SEND_QUERIES = 9
 
 
 def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
@@ -81,8 +84,9 @@ def _quota_row_and_no_reply_waiting(user) -> None:
 #: Round trips of a first ``send`` that starts a conversation: as SEND_QUERIES, but the conversation is an
 #: insert, and since no other transaction sees it yet there is no prompt bound to sum, no row lock and no busy
 #: check (lever 16, docs/overhead.md; it was 19 before), and the two messages are one statement (lever 20; 15
-#: before: two inserts, the user message's pointer and the conversation's leaf).
-NEW_CONVERSATION_SEND_QUERIES = 12
+#: before: two inserts, the user message's pointer and the conversation's leaf), with the verdict and the
+#: reservation (lever 28; 12 before, as for SEND_QUERIES).
+NEW_CONVERSATION_SEND_QUERIES = 8
 
 
 def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_trips(
@@ -110,12 +114,12 @@ def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_tri
 
 
 #: Round trips of a streamed API completion of one user turn with sampling set (``store`` false): the
-#: concurrency count, the quota (one upsert) and the organisation's cap, the conversation, the turn and the
-#: reply with its sampling (one statement: both inserts and the leaf), the reservation, the input guard's verdict and the
-#: rollout, and the savepoint pair of the test's own transaction (as in SEND_QUERIES). Before lever 16
-#: (docs/overhead.md) it was 17: the quota's insert-if-missing and read, the turn's leaf update and the
-#: reply's second write for its sampling.
-COMPLETION_QUERIES = 10
+#: concurrency count and the organisation's cap (one statement), the quota (one upsert), the conversation, the
+#: turn and the reply with its sampling, the input guard's verdict and the reservation (one statement: the
+#: four inserts and the leaf), and the savepoint pair of the test's own transaction (as in SEND_QUERIES; the
+#: rollout cached). 10 before lever 28 (docs/overhead.md); before lever 16 it was 17: the quota's
+#: insert-if-missing and read, the turn's leaf update and the reply's second write for its sampling.
+COMPLETION_QUERIES = 6
 
 
 def test_an_api_completion_costs_a_fixed_number_of_sql_round_trips(

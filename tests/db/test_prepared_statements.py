@@ -87,3 +87,51 @@ def test_the_send_chain_and_the_workers_claim_are_prepared_and_keep_their_result
         ("user", "completed", "question 1"),
         ("assistant", "completed", ""),
     ]
+
+
+def generic_plan(fragment: str, *params) -> str:
+    """The plan this connection's prepared statement holding ``fragment`` runs on with ``params``, sequential
+    scans priced out (``enable_seqscan`` off), so an index shows wherever the generic plan may use it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE strpos(statement, %s) > 0", [fragment])
+        (name,) = cursor.fetchone()
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_counts_of_active_and_queued_replies_use_the_partial_index_on_their_generic_plan(alice):
+    from conversations.reply_dispatch import queue_position
+    from conversations.selectors import active_generation_count
+
+    # A user with a long history and one reply queued, as the planner's statistics see it.
+    history = Conversation.objects.bulk_create(Conversation(owner=alice, title=f"t{i}") for i in range(300))
+    Message.objects.bulk_create(
+        Message(conversation=c, role=role, content="old", model_name="m")
+        for c in history
+        for role in ("user", "assistant")
+    )
+    (reply,) = message_chain_create(
+        conversation=history[0],
+        messages=[{"role": Message.Role.ASSISTANT, "status": Message.Status.QUEUED, "model_name": "m"}],
+        parent=None,
+        conversation_locked=True,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE conversations_message, conversations_conversation")
+    assert active_generation_count(user=alice) == 1
+    assert queue_position(message=reply) == 1
+    # The replaced statement bound the statuses: its generic plan cannot tell that they are the partial
+    # index's, so the count read every message of the user's conversations (lever 29, docs/overhead.md).
+    replaced = (
+        "SELECT COUNT(*) FROM conversations_message m JOIN conversations_conversation c"
+        " ON c.id = m.conversation_id WHERE c.owner_id = %s AND m.role = %s AND m.status = ANY(%s)"
+    )
+    assert fetch_one(replaced, [alice.pk, "assistant", ["queued", "streaming"]]) == (1,)
+    assert "msg_active_status_idx" not in generic_plan(
+        "m.status = ANY($3)", alice.pk, "assistant", ["queued", "streaming"]
+    )
+    assert "msg_active_status_idx" in generic_plan(
+        "m.status IN ('queued', 'streaming')", alice.pk, "assistant"
+    )
+    assert "msg_active_status_idx" in generic_plan("m.status = 'queued'", "m", "assistant", 0, reply.pk)

@@ -102,3 +102,24 @@ def test_active_replies_match_the_count_they_replaced(mixed):
         for user in users
     ]
     assert sum(counts) > 0
+
+
+def test_admission_reads_the_active_replies_and_the_membership_in_one_statement(
+    mixed, make_user, django_assert_num_queries
+):
+    from billing.quota import MEMBERSHIP_SQL
+    from conversations.admission import user_admission_reads
+    from database.sql import fetch_one
+    from organizations.models import Membership
+    from organizations.services import organization_create
+
+    users, _ = mixed
+    team = organization_create(name="acme", owner=make_user("owner"))
+    Membership.objects.create(organization=team, user=users[1], daily_token_cap=500)
+    for user in users:
+        with django_assert_num_queries(1):
+            active, membership = user_admission_reads(user=user)
+        assert active == active_generation_count(user=user)
+        assert membership == fetch_one(MEMBERSHIP_SQL, {"user": user.pk})  # the read it replaced
+    assert user_admission_reads(user=users[1])[1] == (team.pk, 500)
+    assert user_admission_reads(user=users[0])[1] is None
