@@ -213,6 +213,7 @@ class Command(BaseCommand):
         from devtools.bench_tiers import bench_tier
         from memory.models import AccountMemory
 
+        bench.vacuum_reply_tables()
         tier = bench_tier(TIER, display_name="Overhead bench", max_tokens=max_tokens)
         refused = bench_tier(REFUSED_TIER, display_name="Refused", max_tokens=max_tokens, admit_max_wait_s=-1)
 

@@ -1,8 +1,10 @@
 """``manage.py bench_send_ab``: two web processes (two checkouts of the product, or two settings) behind the same
 database, broker and workers, compared send by send: one socket to each, their ``send`` frames alternated so
 that drift of a shared machine's load hits both alike. Per origin: send -> ``queued`` frame (admission and
-the transaction as a page sees them) and send -> first token frame, p50/p99 (ms) per round and median [min-max]
-over rounds. A benchmark that prints figures, not a test.
+the transaction as a page sees them), send -> first token frame, and the added TTFT (that minus the engine's
+own TTFT for the reply, the ``done`` frame's ``ttft_ms``, as ``bench_overhead`` counts it), p50/p99 (ms) per
+round and median [min-max] over rounds. Every send starts a conversation; the bench users' memory is off
+unless ``--memory on``, so each prompt is the same short one. A benchmark that prints figures, not a test.
 
     manage.py bench_send_ab --origins http://127.0.0.1:8501,http://127.0.0.1:8500 --sends 20 --rounds 3
 """
@@ -22,8 +24,9 @@ from devtools.reply_stages import percentile
 TIER = "bench-send-ab"
 
 
-async def _one_send(ws, prompt: str) -> tuple[float, float | None]:
-    """``(ms to queued, ms to the first token or None)`` of one ``send`` on ``ws``; waits for its ``done``."""
+async def _one_send(ws, prompt: str) -> tuple[float, float | None, float | None]:
+    """``(ms to queued, ms to the first token or None, added TTFT ms or None)`` of one ``send`` on ``ws``; waits
+    for its ``done``."""
     started = time.perf_counter()
     await ws.send(json.dumps({"type": "send", "content": prompt, "client_id": str(uuid.uuid4())}))
     queued = first = None
@@ -37,7 +40,9 @@ async def _one_send(ws, prompt: str) -> tuple[float, float | None]:
         elif frame["type"] in ("done", "error"):
             if frame["type"] == "error":
                 raise RuntimeError(f"send refused: {frame}")
-            return queued, first
+            engine_ttft = frame.get("ttft_ms")
+            added = first - engine_ttft if first is not None and engine_ttft is not None else None
+            return queued, first, added
 
 
 async def _api_round(
@@ -84,15 +89,17 @@ async def _round(urls: list[str], origins: list[str], cookies: list[str], sends:
         await websockets.connect(u, additional_headers={"Cookie": c}, origin=o)
         for u, o, c in zip(urls, origins, cookies, strict=True)
     ]
-    out = [{"queued": [], "first": []} for _ in urls]
+    out = [{"queued": [], "first": [], "added": []} for _ in urls]
     try:
         for i in range(sends):
             order = range(len(sockets)) if i % 2 == 0 else reversed(range(len(sockets)))
             for k in order:
-                queued, first = await _one_send(sockets[k], f"Say hello number {i}.")
+                queued, first, added = await _one_send(sockets[k], f"Say hello number {i}.")
                 out[k]["queued"].append(queued)
                 if first is not None:
                     out[k]["first"].append(first)
+                if added is not None:
+                    out[k]["added"].append(added)
     finally:
         for ws in sockets:
             await ws.close()
@@ -110,8 +117,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--api", action="store_true", help="streamed /v1/chat/completions instead of the page"
         )
+        parser.add_argument(
+            "--memory",
+            choices=["off", "on"],
+            default="off",
+            help="the bench users' memory (off: no recall, every prompt the same short one)",
+        )
 
-    def handle(self, *args, origins, sends, rounds, max_tokens, api, **options):
+    def handle(self, *args, origins, sends, rounds, max_tokens, api, memory, **options):
         from django.conf import settings
 
         from accounts.models import User
@@ -120,6 +133,7 @@ class Command(BaseCommand):
         from api.services import api_key_create
         from conversations.models import Conversation
         from devtools.bench_tiers import bench_tier
+        from memory.models import AccountMemory
 
         origins = [o.rstrip("/") for o in origins.split(",")]
         urls = [o.replace("http", "ws", 1) + "/ws/chat/" for o in origins]
@@ -127,6 +141,8 @@ class Command(BaseCommand):
         users = [
             User.objects.get_or_create(username=f"{TIER}-{i}", defaults={"tier": tier})[0] for i in origins
         ]
+        for u in users:
+            AccountMemory.objects.update_or_create(user=u, defaults={"enabled": memory == "on"})
         cookies = [session_cookie_for(u) for u in users]
         keys = [api_key_create(user=u, name="bench_send_ab")[1] for u in users]
         model = settings.INFERENCE_DEFAULT_MODEL
@@ -153,16 +169,14 @@ class Command(BaseCommand):
             f"before {' '.join(load_before)}, after {' '.join(load_after)}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         )
         head = "headers" if api else "queued"
-        w(f"| origin | send -> {head} p50 ms | p99 | send -> first token p50 ms | p99 |")
-        w("|---|---|---|---|---|")
+        kinds = ("queued", "first") if api else ("queued", "first", "added")
+        extra = "" if api else " added TTFT p50 ms | p99 |"
+        w(f"| origin | send -> {head} p50 ms | p99 | send -> first token p50 ms | p99 |{extra}")
+        w("|---|---|---|---|---|" + ("" if api else "---|---|"))
 
         def mr(values):
             return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
         for k, origin in enumerate(origins):
-            cells = [
-                mr([percentile(x[k][kind], q) for x in per_round])
-                for kind in ("queued", "first")
-                for q in (50, 99)
-            ]
+            cells = [mr([percentile(x[k][kind], q) for x in per_round]) for kind in kinds for q in (50, 99)]
             w(f"| {origin} | " + " | ".join(cells) + " |")
