@@ -39,7 +39,12 @@ from billing.quota import (
 from billing.selectors import seconds_until_tomorrow
 from conversations import load
 from conversations.models import Message
-from conversations.selectors import ACTIVE_REPLIES_SQL, active_replies_params
+from conversations.selectors import (
+    ACTIVE_REPLIES_SQL,
+    PLACE_IN_LINE_SQL,
+    active_replies_params,
+    place_in_line_params,
+)
 from database.sql import fetch_one
 from inference.registry import models_for_tier
 
@@ -73,6 +78,9 @@ class Admission:
     expected_wait_s: float
     reserved_tokens: int = 0
     quota: DailyQuota | None = None
+    #: Replies of ``model_name`` queued ahead of this one when it was admitted (its place in line less one,
+    #: read in admission's statement: docs/overhead.md, lever 30); None when admission did not read it.
+    queued_ahead: int | None = None
 
     def reservation_row(self):
         """The unsaved ``QuotaReservation`` that ties the quota reservation to the reply it admitted (so the
@@ -288,20 +296,38 @@ SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap
   FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
 """
 
+#: The same, with the replies queued ahead of the one being admitted (its place in line, lever 30).
+_USER_READS_AND_PLACE_SQL = f"""
+SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap, ({PLACE_IN_LINE_SQL})
+  FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
+"""
 
-def user_admission_reads(*, user) -> tuple[int, tuple[int, int | None] | None]:
-    """``(active replies, membership)`` of ``user`` in one statement (docs/overhead.md, lever 28; two
-    before): how many of the user's replies are queued or streaming
-    (``selectors.active_generation_count``), and the user's team membership ``(organization_id,
-    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again."""
-    active, organization_id, cap = fetch_one(
-        _USER_READS_SQL, {**active_replies_params(user), "user": user.pk}
-    )
-    return active, None if organization_id is None else (organization_id, cap)
+
+def user_admission_reads(
+    *, user, place_in_line_of: str | None = None
+) -> tuple[int, tuple[int, int | None] | None, int | None]:
+    """``(active replies, membership, queued ahead)`` of ``user`` in one statement (docs/overhead.md, levers
+    28 and 30; three before): how many of the user's replies are queued or streaming
+    (``selectors.active_generation_count``); the user's team membership ``(organization_id,
+    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again; and, for
+    ``place_in_line_of`` (a model name), how many replies of that model are queued ahead of a new reply of
+    the user's tier (``reply_dispatch.queue_position`` of a reply not stored yet, less one), else None."""
+    params = {**active_replies_params(user), "user": user.pk}
+    if place_in_line_of is None:
+        active, organization_id, cap = fetch_one(_USER_READS_SQL, params)
+        ahead = None
+    else:
+        params |= place_in_line_params(model_name=place_in_line_of, priority=user.tier.queue_priority)
+        active, organization_id, cap, ahead = fetch_one(_USER_READS_AND_PLACE_SQL, params)
+    return active, None if organization_id is None else (organization_id, cap), ahead
 
 
 def admission_check(
-    *, user, prompt_tokens_bound: int | None = None, model_name: str | None = None
+    *,
+    user,
+    prompt_tokens_bound: int | None = None,
+    model_name: str | None = None,
+    place_in_line: bool = False,
 ) -> Admission:
     """Admit one more generation for ``user`` or raise :class:`AdmissionRefused` (see the module docstring).
 
@@ -311,10 +337,13 @@ def admission_check(
     max_reply_tokens)`` tokens) and the caller must store :meth:`Admission.reservation_row` with the reply; outside a
     transaction the quota is only checked. Counts one request against the per-minute rate when the load
     and concurrency checks passed. ``model_name``: the model a client named (:func:`route`); the
-    :class:`Admission` says which model will answer."""
+    :class:`Admission` says which model will answer. ``place_in_line``: also read how many replies of that
+    model are queued ahead (``Admission.queued_ahead``), in the same statement as the concurrency count."""
     tier = user.tier
     model_name, wait, degraded = load_gate(tier=tier, model_name=model_name)
-    active, membership = user_admission_reads(user=user)
+    active, membership, ahead = user_admission_reads(
+        user=user, place_in_line_of=model_name if place_in_line else None
+    )
     if active >= tier.max_concurrent_generations:
         raise AdmissionRefused(
             "too_many_generations",
@@ -336,7 +365,7 @@ def admission_check(
         )
     bound = tier.max_context_tokens if prompt_tokens_bound is None else prompt_tokens_bound
     needed = max(1, min(tier.max_context_tokens, bound + tier.max_reply_tokens))
-    admission = Admission(model_name=model_name, degraded=degraded, expected_wait_s=wait)
+    admission = Admission(model_name=model_name, degraded=degraded, expected_wait_s=wait, queued_ahead=ahead)
     if transaction.get_connection().in_atomic_block:
         try:
             admission.quota = quota_reserve(user=user, tokens=needed, membership=membership)

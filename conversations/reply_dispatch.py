@@ -10,6 +10,7 @@ from django.db import transaction
 
 from conversations.admission import Admission, AdmissionRefused, admission_check
 from conversations.models import Message
+from conversations.selectors import PLACE_IN_LINE_SQL, place_in_line_params
 from database.sql import fetch_one
 from inference.registry import declare_queue, queue_for, task_priority
 from observability import tracing
@@ -20,29 +21,17 @@ from observability.logs import current_field
 GENERATE_TASK = "inference.generate_reply"
 
 
-#: Queued replies of a model whose owner's tier ranks above ``priority``, or equal with an id up to ``id``. The
-#: status is written in, not bound: the partial index of active replies then serves the generic plan (lever 29).
-_PLACE_IN_LINE_SQL = f"""
-SELECT COUNT(*) FROM conversations_message m
-  JOIN conversations_conversation c ON c.id = m.conversation_id
-  JOIN accounts_user u ON u.id = c.owner_id
-  JOIN billing_tier t ON t.id = u.tier_id
- WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status = '{Message.Status.QUEUED}'
-   AND (t.queue_priority > %(priority)s OR (t.queue_priority = %(priority)s AND m.id <= %(id)s))
-"""
-
-
 def queue_position(*, message: Message) -> int:
     """1-based place in line among queued replies for the same model (approximate: replies of a higher tier
     priority and older replies of the same priority are ahead, as in the broker's priority queue). One fixed
-    statement (``database/sql.py``, lever 19)."""
-    params = {
-        "model": message.model_name,
-        "role": Message.Role.ASSISTANT,
-        "priority": message.conversation.owner.tier.queue_priority,
-        "id": message.id,
-    }
-    return fetch_one(_PLACE_IN_LINE_SQL, params)[0]
+    statement (``database/sql.py``, lever 19). A reply just admitted has it from admission's read
+    (``Admission.queued_ahead``, lever 30)."""
+    params = place_in_line_params(
+        model_name=message.model_name,
+        priority=message.conversation.owner.tier.queue_priority,
+        up_to_id=message.id,
+    )
+    return fetch_one(PLACE_IN_LINE_SQL, params)[0]
 
 
 def reply_dispatch(*, message: Message) -> None:
@@ -74,9 +63,16 @@ def reply_dispatch(*, message: Message) -> None:
     transaction.on_commit(send)
 
 
-def reply_admit(*, user, prompt_tokens_bound: int | None = None, model_name: str | None = None) -> Admission:
+def reply_admit(
+    *,
+    user,
+    prompt_tokens_bound: int | None = None,
+    model_name: str | None = None,
+    place_in_line: bool = False,
+) -> Admission:
     """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals).
-    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply);
+    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply, with
+    ``place_in_line`` the replies queued ahead: see ``admission_check``);
     ``model_name`` is the model a client named (the API), see ``admission.route``."""
     from conversations import refusals
     from observability import metrics, tracing
@@ -85,7 +81,10 @@ def reply_admit(*, user, prompt_tokens_bound: int | None = None, model_name: str
     with tracing.span("admission", tier=tier):
         try:
             admission = admission_check(
-                user=user, prompt_tokens_bound=prompt_tokens_bound, model_name=model_name
+                user=user,
+                prompt_tokens_bound=prompt_tokens_bound,
+                model_name=model_name,
+                place_in_line=place_in_line,
             )
         except AdmissionRefused as exc:
             metrics.observe_admission(tier=tier, refused_code=exc.code)

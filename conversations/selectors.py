@@ -94,6 +94,27 @@ def active_replies_params(user) -> dict:
     return {"owner": user.pk, "assistant": Message.Role.ASSISTANT}
 
 
+#: Queued replies of a model whose owner's tier ranks above ``%(priority)s``, or equal with an id up to
+#: ``%(id)s``: a queued reply's place in line (``reply_dispatch.queue_position``; with ``%(id)s`` the largest
+#: id, the replies ahead of one not stored yet, which admission reads in its own statement: lever 30). The
+#: status is written in, not bound: the partial index of active replies then serves the generic plan (lever 29).
+PLACE_IN_LINE_SQL = f"""
+SELECT COUNT(*) FROM conversations_message m
+  JOIN conversations_conversation c ON c.id = m.conversation_id
+  JOIN accounts_user u ON u.id = c.owner_id
+  JOIN billing_tier t ON t.id = u.tier_id
+ WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status = '{Message.Status.QUEUED}'
+   AND (t.queue_priority > %(priority)s OR (t.queue_priority = %(priority)s AND m.id <= %(id)s))
+"""
+
+
+def place_in_line_params(*, model_name: str, priority: int, up_to_id: int = MAX_PK) -> dict:
+    """:data:`PLACE_IN_LINE_SQL`'s parameters: replies of ``model_name`` queued ahead of a reply of tier
+    priority ``priority`` (``Tier.queue_priority``) and id ``up_to_id`` (that reply included); the default,
+    the largest id, counts every reply of that priority, i.e. those ahead of a reply not stored yet."""
+    return {"model": model_name, "role": Message.Role.ASSISTANT, "priority": priority, "id": up_to_id}
+
+
 def active_generation_count(*, user) -> int:
     """How many of ``user``'s replies are queued or streaming right now."""
     return fetch_one(ACTIVE_REPLIES_SQL, active_replies_params(user))[0]

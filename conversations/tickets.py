@@ -35,11 +35,13 @@ class ReplyTicket:
 def ticket_for_queued(
     assistant: Message, *, user_message_id: int | None, admission: Admission
 ) -> ReplyTicket:
-    """The ticket of a newly queued reply: its place in line and any routing notice for the user."""
+    """The ticket of a newly queued reply: its place in line (as admission read it, ``queued_ahead``, or read
+    now when admission did not) and any routing notice for the user."""
+    ahead = admission.queued_ahead
     return ReplyTicket(
         message=assistant,
         user_message_id=user_message_id,
-        position=queue_position(message=assistant),
+        position=queue_position(message=assistant) if ahead is None else ahead + 1,
         notice=_notice(admission),
     )
 

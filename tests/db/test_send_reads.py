@@ -117,9 +117,33 @@ def test_admission_reads_the_active_replies_and_the_membership_in_one_statement(
     team = organization_create(name="acme", owner=make_user("owner"))
     Membership.objects.create(organization=team, user=users[1], daily_token_cap=500)
     for user in users:
-        with django_assert_num_queries(1):
-            active, membership = user_admission_reads(user=user)
-        assert active == active_generation_count(user=user)
-        assert membership == fetch_one(MEMBERSHIP_SQL, {"user": user.pk})  # the read it replaced
+        assert user.tier is not None  # loaded, as admission's user has it (refresh_tier)
+        for place_in_line_of in (None, *MODELS):
+            with django_assert_num_queries(1):
+                active, membership, _ = user_admission_reads(user=user, place_in_line_of=place_in_line_of)
+            assert active == active_generation_count(user=user)
+            assert membership == fetch_one(MEMBERSHIP_SQL, {"user": user.pk})  # the read it replaced
     assert user_admission_reads(user=users[1])[1] == (team.pk, 500)
     assert user_admission_reads(user=users[0])[1] is None
+
+
+def test_admission_reads_the_place_in_line_a_reply_stored_next_gets(mixed):
+    """Lever 30: the replies queued ahead, read in admission's statement before the reply is stored, are its
+    place in line less one, as the place-in-line read after the insert counts it (and the replaced queryset)."""
+    from conversations.admission import user_admission_reads
+
+    users, _ = mixed
+    seen = set()
+    for user in users:
+        conversation = Conversation.objects.filter(owner=user).exclude(title="empty").first()
+        for model in MODELS:
+            *_, ahead = user_admission_reads(user=user, place_in_line_of=model)
+            assert user_admission_reads(user=user)[2] is None  # not asked for: not read
+            reply = Message.objects.create(
+                conversation=conversation, role="assistant", status="queued", model_name=model
+            )
+            reply = Message.objects.select_related("conversation__owner__tier").get(pk=reply.pk)
+            assert ahead + 1 == queue_position(message=reply) == reference_position(reply)
+            seen.add(ahead)
+            reply.delete()
+    assert len(seen) > 1  # tiers and models put the new reply at different places
