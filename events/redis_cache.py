@@ -9,9 +9,10 @@ first: three round trips. Here ``incr`` is one Lua script that does both steps i
 the rate check costs two (docs/overhead.md, lever 31).
 
 Django's client also builds a new ``redis.Redis`` around its pool for every cache call, and redis-py's
-constructor fills a table of some 300 response callbacks each time (0.1-0.2 ms of CPU per call, two calls per
-rate check); here each pool has one ``redis.Redis``, which redis-py documents as safe to share between threads
-(a command takes a connection from the pool and gives it back). Everything else is Django's backend unchanged.
+constructor fills a table of some 300 response callbacks each time (0.08 ms of CPU per call on an AMD EPYC
+Zen 4, two calls per rate check); here each pool has one ``redis.Redis``, which redis-py documents as safe to
+share between threads (a command takes a connection from the pool and gives it back). Everything else is
+Django's backend unchanged.
 """
 
 from __future__ import annotations
