@@ -19,6 +19,7 @@ from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
 from conversations.services import message_chain_create, message_create, title_from_content
+from database.sql import insert_instance
 
 
 def completion_request(
@@ -70,12 +71,12 @@ def completion_request(
             user=user,
             prompt_tokens_bound=prompt_tokens_bound_for_texts([m["content"] for m in messages]),
             model_name=routed,
+            place_in_line=False,  # an API stream has no place in line
         )
-        conversation = Conversation.objects.create(
-            owner=user,
-            title=title_from_content(first_user),
-            system_prompt=system_prompt,
-            stored=store,
+        conversation = insert_instance(  # a fixed insert, as the chat's (lever 27)
+            Conversation(
+                owner=user, title=title_from_content(first_user), system_prompt=system_prompt, stored=store
+            )
         )
         # Each turn follows the previous one on the branch tree (issue 12), so the reply's context (its
         # ancestors) holds every turn of the request: the turns and the reply are one chain, stored in one

@@ -211,7 +211,6 @@ def reply_request(
                 user=user,
                 prompt_tokens_bound=bound,
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
-                place_in_line=True,  # the ticket's place in line, read with admission (lever 30)
             )
             # The message, its reply, its verdict and the reply's reservation: one statement (levers 20, 28).
             user_message, assistant = message_chain_create(
@@ -291,7 +290,6 @@ def reply_regenerate(*, user, conversation_id: int, model: str | None = None) ->
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, totals=totals),
             model_name=_chosen_model(user=user, conversation=conversation, model=model),
-            place_in_line=True,  # the ticket's place in line, read with admission (lever 30)
         )
         assistant = _queue_reply(
             conversation=conversation, parent=parent, admission=admission, conversation_locked=True
@@ -329,7 +327,6 @@ def reply_edit(*, user, message_id: int, content: str, model: str | None = None)
                     conversation=conversation, new_content=content, totals=totals
                 ),
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
-                place_in_line=True,  # the ticket's place in line, read with admission (lever 30)
             )
             edited = message_create(
                 conversation=conversation,
@@ -370,7 +367,6 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             user=user,
             prompt_tokens_bound=prompt_tokens_upper_bound(conversation=conversation, totals=totals),
             model_name=_chosen_model(user=user, conversation=conversation, model=None),
-            place_in_line=True,  # the ticket's place in line, read with admission (lever 30)
         )
         assistant = _queue_reply(
             conversation=conversation, parent=cut, admission=admission, conversation_locked=True

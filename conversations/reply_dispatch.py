@@ -68,12 +68,13 @@ def reply_admit(
     user,
     prompt_tokens_bound: int | None = None,
     model_name: str | None = None,
-    place_in_line: bool = False,
+    place_in_line: bool = True,
 ) -> Admission:
     """``admission_check`` with its outcome counted (metrics by tier and reason, fleet-wide refusals).
-    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply, with
-    ``place_in_line`` the replies queued ahead: see ``admission_check``);
-    ``model_name`` is the model a client named (the API), see ``admission.route``."""
+    Returns the :class:`Admission` (the model routed to, the quota reservation to attach to the reply, and
+    with ``place_in_line`` the replies queued ahead, for the chat's ``queued`` ticket: lever 30; the API,
+    which has no place in line, passes False); ``model_name`` is the model a client named (the API), see
+    ``admission.route``."""
     from conversations import refusals
     from observability import metrics, tracing
 

@@ -125,10 +125,9 @@ _cap = {} if "pubsub" in CHANNEL_LAYER_BACKEND else {"capacity": CHANNEL_LAYER_C
 CHANNEL_LAYERS = {"default": {"BACKEND": CHANNEL_LAYER_BACKEND, "CONFIG": {"hosts": [REDIS_URL], **_cap}}}
 
 CACHE_POOL_CLASS = "events.redis_pool.ProcessConnectionPool"  # one Redis pool per process (its docstring)
-CACHE_BACKEND = "events.redis_cache.RedisCache"  # Django's, with incr in one round trip (its docstring)
 CACHES = {
     "default": {
-        "BACKEND": CACHE_BACKEND,
+        "BACKEND": "events.redis_cache.RedisCache",  # Django's, with incr in one round trip (its docstring)
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env("CACHE_KEY_PREFIX", default="chatsite"),
         "OPTIONS": {"pool_class": CACHE_POOL_CLASS},

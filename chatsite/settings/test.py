@@ -22,7 +22,7 @@ os.environ.setdefault(
 )
 
 from .base import *  # noqa: E402,F401,F403
-from .base import BASE_DIR, CACHE_BACKEND, CACHE_POOL_CLASS, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
+from .base import BASE_DIR, CACHE_POOL_CLASS, CACHES, CHANNEL_LAYERS, DATABASES, env  # noqa: E402
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -43,7 +43,7 @@ CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [REDIS_URL]
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "chatsite-test"
 CACHES = {
     "default": {
-        "BACKEND": CACHE_BACKEND,
+        "BACKEND": CACHES["default"]["BACKEND"],
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "chatsite-test",
         "OPTIONS": {"pool_class": CACHE_POOL_CLASS},
