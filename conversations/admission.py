@@ -289,18 +289,20 @@ def load_gate_for_user(*, user, model_name: str = "") -> tuple[str, float, bool]
     return load_gate(tier=user.tier, model_name=model_name)
 
 
-#: :func:`user_admission_reads`' one statement: the user's active replies and team membership, each the fixed
-#: statement its owner runs alone (``conversations.selectors``, ``billing.quota``), read in one round trip.
-_USER_READS_SQL = f"""
-SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap
+def _user_reads_sql(*extra_columns: str) -> str:
+    """:func:`user_admission_reads`' one statement: the user's active replies and team membership, each the
+    fixed statement its owner runs alone (``conversations.selectors``, ``billing.quota``), then
+    ``extra_columns``, read in one round trip."""
+    extra = "".join(f", ({sql})" for sql in extra_columns)
+    return f"""
+SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap{extra}
   FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
 """
 
+
+_USER_READS_SQL = _user_reads_sql()
 #: The same, with the replies queued ahead of the one being admitted (its place in line, lever 30).
-_USER_READS_AND_PLACE_SQL = f"""
-SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap, ({PLACE_IN_LINE_SQL})
-  FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
-"""
+_USER_READS_AND_PLACE_SQL = _user_reads_sql(PLACE_IN_LINE_SQL)
 
 
 def user_admission_reads(

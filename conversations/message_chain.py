@@ -30,7 +30,7 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
-from database.sql import insert_fields, mark_saved, prepared_cursor
+from database.sql import insert_fields, insert_values, mark_saved, prepared_cursor
 
 #: The columns every chained message is inserted with besides ``id``, ``parent`` and ``active_child``
 #: (which the statement computes): the model's concrete fields, in declaration order.
@@ -137,7 +137,7 @@ def chain_insert(
     stored = [Message(conversation=conversation, **values) for values in messages]
     params: list = [parent_id]
     for message in stored:
-        params.extend(f.get_db_prep_save(f.pre_save(message, True), connection) for f in fields)
+        params.extend(insert_values(message, fields))
     if parent_id is not None:
         params.append(parent_id)
     if moves_leaf:
@@ -145,11 +145,7 @@ def chain_insert(
     attached = [(row, index) for row, index in attached if row is not None]
     for row, _ in attached:
         key = _message_key(type(row))
-        params.extend(
-            f.get_db_prep_save(f.pre_save(row, True), connection)
-            for f in insert_fields(type(row))
-            if f is not key
-        )
+        params.extend(insert_values(row, [f for f in insert_fields(type(row)) if f is not key]))
     shape = tuple((type(row), index % len(stored)) for row, index in attached)
     sql = _statement(len(stored), moves_parent=parent_id is not None, moves_leaf=moves_leaf, attached=shape)
     with prepared_cursor() as cursor:

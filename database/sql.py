@@ -171,11 +171,18 @@ def insert_instance(instance):
     (``IntegrityError`` for a unique value taken, as ``create`` does)."""
     model = type(instance)
     sql, fields = _insert_statement(model)
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    params = insert_values(instance, fields)
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone() if model._meta.auto_field is not None else None
     return mark_saved(instance, pk=None if row is None else row[0])
+
+
+def insert_values(instance, fields) -> list:
+    """The values an insert of the new, unsaved ``instance`` binds for ``fields`` (in that order), as the ORM's
+    insert computes them: each field's ``pre_save`` for an insert (defaults, ``auto_now_add``, which it also
+    sets on ``instance``), then its ``get_db_prep_save`` for this connection."""
+    return [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
 
 
 def mark_saved(instance, *, pk=None):
