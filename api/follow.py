@@ -1,5 +1,6 @@
-"""Following one reply's frames from an async view: the channel-layer group ``chat.message.<id>`` (joined
-before the generation is dispatched, so no frame is missed), with a database check whenever the stream
+"""Following one reply's frames from an async view: the channel-layer group ``chat.message.<id>``, joined once
+the reply is stored and its task sent (the frames published before the join are caught up from the reply's
+replay stream and progress key, as the chat page's socket does), with a database check whenever the stream
 has been quiet for a while (a worker that died, or a reply that ended while nobody listened); and letting
 go of it (:class:`ReplySubscription`), which cancels the generation when its client left before its end."""
 
@@ -43,11 +44,26 @@ def _stored_done_frame(message_id: int) -> dict[str, Any] | None:
 
 async def reply_frames(layer, channel: str, message_id: int) -> AsyncIterator[dict[str, Any]]:
     """Yield ``token`` frames of ``message_id`` once each, in ``seq`` order, then its ``done`` frame; the
-    caller has added ``channel`` to ``broadcast.message_group(message_id)``. When tokens were missed, the
-    ``done`` frame's ``content`` still holds the whole text."""
+    caller has added ``channel`` to ``broadcast.message_group(message_id)``, possibly after the reply's first
+    frames were published (its task is sent at the commit, the join follows: docs/overhead-levers.md, lever
+    33). Those are caught up first: the tokens from the replay stream, or the stored ``done`` frame of a reply
+    that already ended; a live frame the catch-up covered is dropped by its ``seq``. Every frame is written to
+    the replay stream or the progress key before it is published (``broadcast.publish``), so whatever was
+    published before the join is found there. When tokens were missed, the ``done`` frame's ``content`` still
+    holds the whole text."""
     last_seq = -1
     pending: asyncio.Future | None = None
     try:
+        progress = await broadcast.reply_progress(message_id)
+        if progress == "done":
+            frame = await sync_to_async(_stored_done_frame)(message_id)
+            if frame is not None:
+                yield frame
+                return
+        elif progress is not None:  # started: its tokens so far, then live frames after them
+            for frame in await broadcast.replay_tokens(message_id, after_seq=-1):
+                last_seq = frame["seq"]
+                yield frame
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(layer.receive(channel))

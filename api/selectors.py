@@ -37,7 +37,7 @@ def api_key_user(*, raw_key: str):
 def _active_key(*, key_hash: str) -> ApiKey | None:
     """The unrevoked key with ``key_hash``, its user and the user's tier loaded with it (what
     ``ApiKey.objects.select_related("user__tier").get(...)`` loads), or None. One fixed statement, prepared
-    once per connection (``database/sql.py``; docs/overhead.md, lever 26): every API request reads it, and the
+    once per connection (``database/sql.py``; docs/overhead-levers.md, lever 26): every API request reads it, and the
     queryset's three-table join was compiled afresh each time."""
     sql, row_fields = _key_statement()
     row = fetch_one(sql, {"key_hash": key_hash})

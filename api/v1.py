@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -86,13 +86,7 @@ def _prepare(request) -> tuple:
     return user, chat
 
 
-def _submit(user, chat: ChatRequest, channel: str) -> Message:
-    layer = get_channel_layer()
-
-    def subscribe(reply: Message) -> None:
-        # Runs in this sync_to_async thread; async_to_sync hops back onto the view's event loop.
-        async_to_sync(layer.group_add)(broadcast.message_group(reply.id), channel)
-
+def _submit(user, chat: ChatRequest) -> Message:
     try:
         reply = completion_request(
             user=user,
@@ -102,7 +96,6 @@ def _submit(user, chat: ChatRequest, channel: str) -> Message:
             store=chat.store,
             api_user=chat.user,
             api_metadata=chat.metadata,
-            on_queued=subscribe,
         )
         # As OpenAI does on every response, so clients can pace themselves before they hit a 429.
         reply.rate_limit_headers = rate_limit_headers(user=user)
@@ -154,7 +147,7 @@ async def _chat_completions_traced(request, layer, channel, received_ns: int):
     try:
         user, chat = await sync_to_async(_prepare)(request)
         tracing.record_span("api.validate", received_ns, time.time_ns())
-        submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat, channel))
+        submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat))
         try:
             reply = await asyncio.shield(submit)
         except asyncio.CancelledError:
@@ -168,6 +161,13 @@ async def _chat_completions_traced(request, layer, channel, received_ns: int):
     except ApiError as error:
         return error.response()
     subscription = _subscription(layer, channel, user, reply, request_id)
+    # Joined once the reply is stored and its task sent, not inside the transaction: the commit, and so the
+    # worker, no longer waits for this round trip; reply_frames catches up on what came before (lever 33).
+    try:
+        await layer.group_add(broadcast.message_group(reply.id), channel)
+    except BaseException:
+        await subscription.aclose()  # nobody could follow the reply: cancel it
+        raise
     with log_context(user_id=user.pk, message_id=reply.id):
         logger.info(
             "completion queued: model %s, %d message(s), stream=%s, store=%s, user=%r",

@@ -9,7 +9,6 @@ the conversation has ``stored=False``: selectors hide it from history, and it is
 interrupted; usage stays.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -31,14 +30,14 @@ def completion_request(
     store: bool = False,
     api_user: str = "",
     api_metadata: dict[str, str] | None = None,
-    on_queued: Callable[[Message], None] | None = None,
 ) -> Message:
     """Store ``messages`` (``{"role": "system"|"user"|"assistant", "content": str}``; system texts are joined
     into the conversation's pinned system prompt) and a queued assistant reply in one transaction; the
     generation task is dispatched on commit. ``model`` is the model the client asked for; admission routes
     it like a chat message (``admission.route``: the tier's own model may be moved to its
-    ``degrade_to_model`` under load), and the reply's ``model_name`` is the model that will answer. ``on_queued(reply)`` runs inside the
-    transaction, before the dispatch, so a caller can subscribe to the reply's stream without missing a frame.
+    ``degrade_to_model`` under load), and the reply's ``model_name`` is the model that will answer. A caller that
+    follows the reply joins its group once this returns and catches up on what was published before
+    (``api.follow.reply_frames``; docs/overhead-levers.md, lever 33).
     ``api_user`` and ``api_metadata`` (the request's ``user`` and ``metadata``) are stored on the reply.
 
     The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
@@ -110,8 +109,6 @@ def completion_request(
         )
         if last_user is None:  # no user turn: the verdict is stored on its own, for no message
             moderation.input_record(verdict=verdict, user=user, message=None, text=user_text)
-        if on_queued is not None:
-            on_queued(reply)
         reply_dispatch(message=reply)
     return reply
 

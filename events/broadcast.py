@@ -222,7 +222,7 @@ def publish(message_id: int, frame: dict[str, Any]) -> None:
     and the group's ``PUBLISH`` (the frame serialized as the layer does) in one pipeline, which Redis runs
     in order. Before, the group send hopped onto this process's channel-layer loop thread and back and was a
     round trip of its own: three thread hand-offs per delta, each waiting for the GIL beside the engine's
-    loop (docs/overhead.md, lever 14). Other layers keep the hop."""
+    loop (docs/overhead-levers.md, lever 14). Other layers keep the hop."""
     kind = frame["type"]
     pipe = redis_client().pipeline(transaction=False)
     if kind == "token":
@@ -308,6 +308,15 @@ async def replay_tokens(message_id: int, *, after_seq: int) -> list[dict[str, An
         if seq > after_seq:
             frames.append(frame_token(message_id=message_id, seq=seq, text=fields[b"text"].decode()))
     return frames
+
+
+async def reply_progress(message_id: int) -> str | None:
+    """The last of ``started`` and ``done`` published for ``message_id`` (within the last
+    ``STREAM_REPLAY_TTL_S`` seconds), or None when neither was: what a follower that joined the reply's group
+    late (``api.follow.reply_frames``) has missed, with the guarantee of :func:`reply_progressed`. One Redis
+    read."""
+    kind = await _async_redis().get(progress_key(message_id))
+    return kind.decode() if kind is not None else None
 
 
 async def reply_progressed(message_id: int) -> bool:
