@@ -52,7 +52,7 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
     matches the user's current password (Django's session verification).
 
     With database sessions (Django's default engine) the session row and the user's ``is_active`` and
-    ``password`` are one fixed statement (``database.sql.fetch_one``; docs/overhead.md, lever 24): it runs on
+    ``password`` are one fixed statement (``database.sql.fetch_one``; docs/overhead-levers.md, lever 24): it runs on
     every frame of a socket the admission warmer has not verified, a send included. Other engines: the
     session store's own read, then the user row."""
     if not session_key:

@@ -197,7 +197,7 @@ def _upsert_reserve(*, user_id: int, day: date, limit: int, tokens: int) -> Dail
     day's row holding them, or add them to the existing row under the module docstring's clause. On a
     conflict PostgreSQL locks the existing row and evaluates the clause on its latest version, as the
     conditional UPDATE does. Returns the updated row, or None when the clause refused (the row exists).
-    One round trip instead of three (insert-if-missing, update, read; docs/overhead.md, lever 16)."""
+    One round trip instead of three (insert-if-missing, update, read; docs/overhead-levers.md, lever 16)."""
     sql = _UPSERT_RESERVE.format(table=DailyQuota._meta.db_table)
     params = {"user_id": user_id, "day": day, "limit": limit, "tokens": tokens}
     return next(iter(DailyQuota.objects.raw(sql, params)), None)
@@ -234,7 +234,7 @@ def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:
 def quota_hold_row(*, quota: DailyQuota, tokens: int) -> QuotaReservation:
     """The unsaved :class:`QuotaReservation` of a reservation made by :func:`quota_reserve`, its reply not set
     yet: for a caller that stores it with the reply in one statement (``conversations.message_chain``,
-    docs/overhead.md lever 28): a rollback of that transaction releases the reservation too."""
+    docs/overhead-levers.md lever 28): a rollback of that transaction releases the reservation too."""
     return QuotaReservation(quota=quota, pool_id=getattr(quota, "pool_quota_id", None), tokens=tokens)
 
 

@@ -79,7 +79,7 @@ class Admission:
     reserved_tokens: int = 0
     quota: DailyQuota | None = None
     #: Replies of ``model_name`` queued ahead of this one when it was admitted (its place in line less one,
-    #: read in admission's statement: docs/overhead.md, lever 30); None when admission did not read it.
+    #: read in admission's statement: docs/overhead-levers.md, lever 30); None when admission did not read it.
     queued_ahead: int | None = None
 
     def reservation_row(self):
@@ -187,7 +187,7 @@ SELECT SUM(octet_length(content)) FILTER (WHERE role = ANY(%(turn_roles)s)),
 def conversation_totals(*, conversation) -> ConversationTotals:
     """One round trip for the prompt bound's figures and the busy check. Read it under the conversation's row
     lock (``conversation_get_for_user(for_update=True)``): a reply another transaction stored and committed
-    while this one waited for the lock is then counted (docs/overhead.md, lever 18)."""
+    while this one waited for the lock is then counted (docs/overhead-levers.md, lever 18)."""
     content_bytes, messages, active_replies = fetch_one(
         _TOTALS_SQL,
         {

@@ -29,7 +29,7 @@ def reply_service_pool() -> ThreadPoolExecutor:
     Why a pool of their own: they ran on the event loop's default executor (``min(32, CPUs + 4)`` threads, 6
     on 2 CPUs), which also serves every other frame's database call. A wave of 32 sends filled it, and a
     refusal decided from memory whose session check (``session_is_current``) queued behind them was answered
-    0.3-0.45 s later (refusal p99 with the engine saturated; docs/overhead.md, lever 13). Fewer threads also
+    0.3-0.45 s later (refusal p99 with the engine saturated; docs/overhead-levers.md, lever 13). Fewer threads also
     leave the event loop fewer rivals for the GIL."""
     global _service_pool
     size = max(1, settings.REPLY_SERVICE_THREADS)

@@ -200,7 +200,7 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
             refused = self.refusal_from_memory(frame)
             # The warmer found this socket's session current less than ADMISSION_LOAD_CACHE_S ago: the frame
             # needs no session read of its own (the same staleness bound as the admission figures; a log-out
-            # closes the session's sockets at once anyway; docs/overhead.md, lever 16).
+            # closes the session's sockets at once anyway; docs/overhead-levers.md, lever 16).
             verified = load_warmer.session_verified(session_key=self.session_key, user_id=self.user.pk)
             if refused is not None:
                 # Decided from cached figures on the event loop, nothing stored: answered before any thread

@@ -58,7 +58,7 @@ def assemble_context(
     def count(start: int) -> int:
         return len(ids(start))
 
-    if count(0) <= budget_tokens:  # it all fits: one render (docs/overhead.md, lever 16)
+    if count(0) <= budget_tokens:  # it all fits: one render (docs/overhead-levers.md, lever 16)
         return AssembledContext(messages=head + list(history), omitted=0, prompt_token_ids=ids(0))
     last = len(history) - 1
     if count(last) > budget_tokens:

@@ -28,7 +28,7 @@ from memory.models import AccountMemory, ConversationMemory
 @dataclass(frozen=True)
 class ClaimReads:
     """What a reply's context assembly reads, fetched by :func:`generation_start` in its claim statement
-    (docs/overhead.md, lever 21; four statements before): ``branch``, the reply's ancestors oldest first as
+    (docs/overhead-levers.md, lever 21; four statements before): ``branch``, the reply's ancestors oldest first as
     ``(id, role, status, content)`` (what ``branches.ancestors`` reads); ``has_documents``, whether a file of
     the conversation is ready (``documents.retrieval.conversation_has_documents``); ``memory_switches_on``,
     that neither the account's nor the conversation's memory switch is off (``memory.selectors.
@@ -44,7 +44,7 @@ def generation_start(*, message_id: int, trace_id: str = "", model_version: str 
     """Claim a queued reply for generation (``queued -> streaming``), recording the trace id and the model
     version of the worker that generates it, and return it with its conversation, owner and tier loaded, all
     in one statement (an ``UPDATE ... RETURNING`` joined to the three rows; it was the update and a
-    ``select_related`` read: docs/overhead.md, lever 16). The same statement reads what context assembly
+    ``select_related`` read: docs/overhead-levers.md, lever 16). The same statement reads what context assembly
     needs, set as the returned message's ``claim_reads`` (:class:`ClaimReads`, lever 21). None when it is
     no longer queued (cancelled meanwhile, or a redelivered task whose reply already ended)."""
     sql, row_fields = _claim_statement()

@@ -163,7 +163,7 @@ def reply_request(
     ``client_id`` (a UUID chosen by the page, the idempotency key): when a user message with that key is
     already stored, nothing new is stored and its ticket comes back with ``duplicate=True``; the unique
     constraints settle two resends racing each other. Only a ``resend`` (the protocol's) is looked up first;
-    a first send meeting a stored key gets its ticket from the constraint's error (docs/overhead.md, 16).
+    a first send meeting a stored key gets its ticket from the constraint's error (docs/overhead-levers.md, lever 16).
 
     ``model``: the model the user picked on the page, one of the tier's (``models_for_tier``); "" = the
     tier's routing; None = the conversation's remembered choice. A given ``model`` is remembered on the

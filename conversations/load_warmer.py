@@ -11,7 +11,7 @@ queue figures of their tiers' models) and :func:`accounts.sessions.sessions_curr
 session in two queries). So a refusal is decided, and its socket's session known valid, from memory on the
 event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, and a
 miss still reads it on the spot. A frame whose session a pass found current within that time (a ``send``
-included) reads no session of its own; otherwise it checks on the spot (docs/overhead.md, lever 16).
+included) reads no session of its own; otherwise it checks on the spot (docs/overhead-levers.md, lever 16).
 """
 
 from __future__ import annotations

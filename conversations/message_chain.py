@@ -1,4 +1,4 @@
-"""Store a chain of messages in one SQL statement (docs/overhead.md, lever 20).
+"""Store a chain of messages in one SQL statement (docs/overhead-levers.md, lever 20).
 
 A send stores two messages (the user's and its queued reply) and moves three pointers (the previous leaf's
 ``active_child``, the user message's ``active_child``, the conversation's ``active_leaf``). Through the ORM

@@ -76,7 +76,7 @@ class Message(models.Model):
 
     ACTIVE_STATUSES = (Status.QUEUED, Status.STREAMING)
     #: The same statuses as SQL text, for fixed statements that count active or queued replies: written into
-    #: the statement, not bound, so that its generic plan (prepared statements, docs/overhead.md lever 25) can
+    #: the statement, not bound, so that its generic plan (prepared statements, docs/overhead-levers.md lever 25) can
     #: use the partial index ``msg_active_status_idx``; a bound status hides that it is one of these, and the
     #: count scanned every message of the table (lever 29).
     ACTIVE_STATUSES_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_STATUSES) + ")"

@@ -277,7 +277,7 @@ def _record_context(handle, message: Message, context, cited: DocumentsContext) 
     """Record the reply's window (omitted turns, prompt tokens) and its cited passages. Called once the
     first delta is published (or at the end of a reply that published none), not before the engine's
     prefill: written then, it slowed the prefill it overlapped and the first token waited for it
-    (docs/overhead.md, lever 15). Cancels the engine request and re-raises when the write fails."""
+    (docs/overhead-levers.md, lever 15). Cancels the engine request and re-raises when the write fails."""
     try:
         with tracing.span("context.record"):
             generation_set_context(

@@ -40,7 +40,7 @@ def conversation_get_for_user(*, user, conversation_id, for_update: bool = False
         pk = _pk(conversation_id)
     except (TypeError, ValueError) as exc:
         raise ConversationNotFound("conversation not found") from exc
-    # Fixed SQL (docs/overhead.md, lever 22): the ORM's ``get`` compiled this on every call.
+    # Fixed SQL (docs/overhead-levers.md, lever 22): the ORM's ``get`` compiled this on every call.
     conversation = fetch_instance(
         Conversation, "id = %s AND owner_id = %s AND stored", (pk, user.pk), for_update=for_update
     )

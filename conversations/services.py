@@ -132,7 +132,7 @@ def message_chain_create(
 ) -> list[Message]:
     """Store ``messages`` (one dict of ``Message`` field values each: ``role``, ``content``, ``status``,
     ...) as a chain, each the parent of the next, in one SQL statement (``conversations.message_chain``,
-    docs/overhead.md lever 20): a send's user message and its queued reply, an API request's turns and
+    docs/overhead-levers.md lever 20): a send's user message and its queued reply, an API request's turns and
     reply. ``parent`` as for :func:`message_create` (the first message's parent); the parent's
     ``active_child`` moves to the first, and with ``moves_leaf`` the conversation's ``active_leaf`` to the
     last (and the conversation to the top of the sidebar). Returns the stored messages in chain order.

@@ -1,4 +1,4 @@
-"""Fixed SQL for the reads every reply-creating request makes (docs/overhead.md, lever 19).
+"""Fixed SQL for the reads every reply-creating request makes (docs/overhead-levers.md, lever 19).
 
 Django compiles a queryset's SQL afresh on every call, and a ``count()`` or ``aggregate()`` costs the most:
 ``Query.get_aggregation`` clones the query, resolves its joins and wraps it before compiling. On 2 vCPUs of
@@ -165,7 +165,7 @@ def insert_instance(instance):
     insert: defaults, ``auto_now_add``; then its ``get_db_prep_save``; the auto primary key read back onto the
     instance, which then counts as saved), in one fixed statement built once per model and prepared
     (:func:`prepared_cursor`). What the ORM's insert spends building its SQL on every call (0.6 ms of Python
-    per row on 2 vCPUs of an AMD EPYC Zen 3, docs/overhead.md lever 27) is not spent. No ``pre_save`` or
+    per row on 2 vCPUs of an AMD EPYC Zen 3, docs/overhead-levers.md lever 27) is not spent. No ``pre_save`` or
     ``post_save`` signal is sent: use it only for models without receivers. Returns ``instance``. Raises
     ``ValueError`` for a model with a database default (``db_default``), and what the driver raises
     (``IntegrityError`` for a unique value taken, as ``create`` does)."""

@@ -1,4 +1,4 @@
-"""Keep the channel layer's pub/sub reader awake in each web process (docs/overhead.md, lever 12).
+"""Keep the channel layer's pub/sub reader awake in each web process (docs/overhead-levers.md, lever 12).
 
 ``channels_redis``' ``RedisPubSubChannelLayer`` reads its subscriptions in one task per event loop, and while
 that loop's connection is subscribed to nothing the task sleeps 100 ms between looks

@@ -6,7 +6,7 @@ Django's ``RedisCacheClient.incr`` asks Redis whether the key exists (``EXISTS``
 being created. django-ratelimit's per-minute counter, which admission runs for every admitted send and API
 request (``conversations.admission``), calls ``add`` and then ``incr`` on every request after a window's
 first: three round trips. Here ``incr`` is one Lua script that does both steps in Redis (one ``EVALSHA``), so
-the rate check costs two (docs/overhead.md, lever 31).
+the rate check costs two (docs/overhead-levers.md, lever 31).
 
 Django's client also builds a new ``redis.Redis`` around its pool for every cache call, and redis-py's
 constructor fills a table of some 300 response callbacks each time (0.08 ms of CPU per call on an AMD EPYC

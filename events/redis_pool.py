@@ -6,7 +6,7 @@ Django's client builds a new ``redis.ConnectionPool`` for each of them. So the f
 and request (the per-minute rate check in admission, django-ratelimit's ``get_usage``) opened a new TCP
 connection to Redis, with redis-py's hand-shake, and the old pool's connection stayed open until garbage
 collection. With this class as the pool class, every cache object of the process shares one thread-safe pool
-per server and options, and a cache call takes an idle pooled connection (docs/overhead.md, lever 23).
+per server and options, and a cache call takes an idle pooled connection (docs/overhead-levers.md, lever 23).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ _rollouts_lock = threading.Lock()
 def _rollout(model_name: str) -> tuple | None:
     """``model_name``'s rollout row ``(stable_version, candidate_version, percent)`` or None, read at most
     once per ``ADMISSION_LOAD_CACHE_S`` (1 s) per process: every dispatch needs it, and the read was one of a
-    send's statements, usually finding no row (docs/overhead.md, lever 28). A change saved in this process
+    send's statements, usually finding no row (docs/overhead-levers.md, lever 28). A change saved in this process
     applies at once (:func:`_forget_rollouts`); another process's (``manage.py rollout``) within that time."""
     now = time.monotonic()
     with _rollouts_lock:

@@ -16,7 +16,7 @@ def verdict_row(
 ) -> ModerationVerdict:
     """The unsaved :class:`ModerationVerdict` row of ``verdict`` for ``user``'s message ``message_id``, as
     :func:`verdict_record` stores it; for a caller that stores it with its message in one statement
-    (``conversations.message_chain``, docs/overhead.md lever 28), which only an allowed or flagged verdict
+    (``conversations.message_chain``, docs/overhead-levers.md lever 28), which only an allowed or flagged verdict
     may be (a block also applies the strike policy: :func:`verdict_record`)."""
     return ModerationVerdict(
         text=storable_text(text) if verdict.flagged else "",
@@ -39,7 +39,7 @@ def verdict_record(
     after a block, apply the strike policy (:func:`safety.strikes.strike_apply`). ``text`` (the text
     judged) is kept only for a flagged or blocked verdict, for staff review. Call it inside the transaction
     that stores the message, so a verdict never outlives a rolled-back message."""
-    # A fixed insert (docs/overhead.md, lever 27): every reply stores one.
+    # A fixed insert (docs/overhead-levers.md, lever 27): every reply stores one.
     row = insert_instance(verdict_row(verdict=verdict, user=user, message_id=message_id, text=text))
     if verdict.blocked and user is not None:
         outcome = strike_apply(user=user)

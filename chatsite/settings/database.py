@@ -9,7 +9,7 @@ authentication, a backend process) per call. Figures: ``docs/overhead.md``.
 Every connection starts with ``plan_cache_mode=force_generic_plan``. It applies only to prepared statements,
 which here are the fixed SQL run through ``database/sql.py: prepared_cursor`` (the ORM binds on the client
 and never prepares), so PostgreSQL plans each of those once per connection instead of at every run
-(docs/overhead.md, lever 25): under its default (``auto``) the worker's claim was planned afresh at every
+(docs/overhead-levers.md, lever 25): under its default (``auto``) the worker's claim was planned afresh at every
 run, about 1 ms of the server's time per reply.
 """
 

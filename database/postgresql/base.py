@@ -1,4 +1,4 @@
-"""Django's PostgreSQL backend with a pool whose health check costs no round trip (docs/overhead.md, lever 32).
+"""Django's PostgreSQL backend with a pool whose health check costs no round trip (docs/overhead-levers.md, lever 32).
 
 With ``OPTIONS["pool"]`` and ``CONN_HEALTH_CHECKS``, Django builds psycopg's pool with
 ``ConnectionPool.check_connection``, which sends an empty query to the server every time a connection is

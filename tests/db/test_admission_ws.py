@@ -319,7 +319,7 @@ async def test_a_send_from_a_session_the_warmer_just_verified_reads_no_session_a
     session_cookie, alice, client, redis_clean, settings, thread_hops, monkeypatch
 ):
     """The warmer found the socket's session current less than ``ADMISSION_LOAD_CACHE_S`` ago: the send runs
-    no session read of its own (docs/overhead.md, lever 16). Once that verification is older, the send's
+    no session read of its own (docs/overhead-levers.md, lever 16). Once that verification is older, the send's
     service checks the session again, and a session ended meanwhile stores nothing."""
     from accounts import sessions
     from conversations import consumer_admission, consumers, load, load_warmer
@@ -362,7 +362,7 @@ async def test_sends_run_on_the_reply_service_threads_and_leave_the_default_pool
     session_cookie, alice, redis_clean, settings, monkeypatch
 ):
     """A send's service runs on ``reply_service_pool``'s threads: a burst of sends filled the event loop's
-    default executor, where a refusal's session check then queued (docs/overhead.md, lever 13). While every
+    default executor, where a refusal's session check then queued (docs/overhead-levers.md, lever 13). While every
     reply-service thread is held by a send, the socket's other frames are still answered."""
     import threading
 

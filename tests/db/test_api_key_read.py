@@ -1,5 +1,5 @@
 """The API key read every ``/v1`` and ``/api`` request makes (``api.selectors._active_key``: the key, its user
-and the user's tier in one fixed statement, docs/overhead.md lever 26) loads what the queryset it replaced
+and the user's tier in one fixed statement, docs/overhead-levers.md lever 26) loads what the queryset it replaced
 loaded (``ApiKey.objects.select_related("user__tier").get(...)``, kept here as the reference) and refuses what
 it refused."""
 

@@ -1,4 +1,4 @@
-"""The cache's ``incr`` is one round trip to Redis (``events.redis_cache``, docs/overhead.md lever 31) and keeps
+"""The cache's ``incr`` is one round trip to Redis (``events.redis_cache``, docs/overhead-levers.md lever 31) and keeps
 Django's contract: a missing key raises ``ValueError`` and stays missing, the expiry is kept, a value that is no
 integer is an error. django-ratelimit's counter (admission's per-minute rate) then costs two commands. Real
 Redis; the commands are counted on the way out (redis-py's ``execute_command``), not faked."""

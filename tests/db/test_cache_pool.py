@@ -1,5 +1,5 @@
 """Django's cache shares one Redis connection pool per process (``events.redis_pool.ProcessConnectionPool``,
-docs/overhead.md lever 23). Under ASGI each new asyncio task (a WebSocket's consumer, an HTTP request) gets a
+docs/overhead-levers.md lever 23). Under ASGI each new asyncio task (a WebSocket's consumer, an HTTP request) gets a
 new cache object; without the shared pool each of them connected to Redis anew on its first call (the rate
 check of every admitted send on a new socket, of every API request)."""
 

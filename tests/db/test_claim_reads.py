@@ -1,5 +1,5 @@
 """A worker's claim reads what the reply's context assembly needs (``generation_worker.ClaimReads``,
-docs/overhead.md lever 21): the branch, whether the conversation has a ready file, the memory switches. They
+docs/overhead-levers.md lever 21): the branch, whether the conversation has a ready file, the memory switches. They
 must answer what the separate reads they replace answer (``branches.ancestors``,
 ``documents.retrieval.conversation_has_documents``, ``memory.selectors.memory_enabled_for``), kept here as
 the reference, and the worker's reads before the prefill are then one statement."""

@@ -1,5 +1,5 @@
 """``conversation_get_for_user`` reads its row with fixed SQL (``database.sql.fetch_instance``,
-docs/overhead.md lever 22). It must load what the queryset it replaced loaded
+docs/overhead-levers.md lever 22). It must load what the queryset it replaced loaded
 (``Conversation.objects.get(pk=..., owner=user, stored=True)``, kept here as the reference), refuse what it
 refused, and with ``for_update`` hold the row lock until the caller's transaction ends."""
 

@@ -1,4 +1,4 @@
-"""Rows stored by fixed SQL (docs/overhead.md, levers 27-28) are the rows the ORM stored: a model's insert
+"""Rows stored by fixed SQL (docs/overhead-levers.md, levers 27-28) are the rows the ORM stored: a model's insert
 (``database.sql.insert_instance``: a new conversation, a verdict, a reservation) and the rows a message
 chain's statement stores with its messages (``message_chain_create(attached=...)``: a send's input verdict
 and its reply's quota reservation). ``Model.objects.create``, the replaced code, is the reference."""

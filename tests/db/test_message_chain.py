@@ -1,4 +1,4 @@
-"""The one-statement chain insert (``conversations/message_chain.py``, docs/overhead.md lever 20) stores what
+"""The one-statement chain insert (``conversations/message_chain.py``, docs/overhead-levers.md lever 20) stores what
 the ORM's inserts and pointer updates it replaced store: every field of every message, the branch pointers
 and the conversation's leaf, for a send's pair, an API request's turns and reply, a new branch and a root.
 The ORM writes below are the replaced code, kept here as the reference."""

@@ -1,4 +1,4 @@
-"""The connection pool's health check (``database/postgresql/base.py``, docs/overhead.md lever 32): a
+"""The connection pool's health check (``database/postgresql/base.py``, docs/overhead-levers.md lever 32): a
 pooled connection is handed out without a round trip to PostgreSQL, and one the server ended is never
 handed out. Real PostgreSQL; the pool as a deployment configures it (``chatsite.settings.dev``)."""
 

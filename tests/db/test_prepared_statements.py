@@ -1,5 +1,5 @@
 """The fixed SQL of ``database/sql.py`` runs as server-side prepared statements planned once per connection
-(docs/overhead.md, lever 25), while the ORM's statements stay client-bound and unprepared; the query log
+(docs/overhead-levers.md, lever 25), while the ORM's statements stay client-bound and unprepared; the query log
 still shows what ran."""
 
 import pytest

@@ -1,7 +1,7 @@
 """``events.broadcast.publish`` on the deployed pub/sub channel layer: the replay stream (or the progress key)
 and the group's frame go out in one Redis pipeline from the calling thread, in that order, and a consumer in
 the reply's group receives the frame as channels_redis delivers any group message; on another layer the group
-send takes the layer's own path (docs/overhead.md, lever 14). Real Redis."""
+send takes the layer's own path (docs/overhead-levers.md, lever 14). Real Redis."""
 
 import asyncio
 

@@ -1,4 +1,4 @@
-"""The send path's fixed-SQL reads (``database/sql.py``, docs/overhead.md lever 19) answer what the ORM's
+"""The send path's fixed-SQL reads (``database/sql.py``, docs/overhead-levers.md lever 19) answer what the ORM's
 querysets they replaced answer, on a mix of tiers, models, roles and statuses: the place in line, a
 conversation's totals and a user's active replies. The querysets below are the replaced code, kept here as
 the reference."""

@@ -1,5 +1,5 @@
 """A socket's session check (``accounts.sessions.session_is_current``) reads the session row and the user in one
-fixed statement (docs/overhead.md, lever 24). It must answer what the two reads it replaced answered (Django's
+fixed statement (docs/overhead-levers.md, lever 24). It must answer what the two reads it replaced answered (Django's
 session store, then the user row: kept here as the reference) for every way a session stops signing a user
 in, in one statement."""
 

@@ -90,7 +90,7 @@ def test_each_window_is_rendered_once_and_its_ids_are_returned():
 
 def test_a_history_that_fits_is_rendered_once():
     """The whole history is tried first: a conversation that fits costs one render, not a binary search's
-    log2(n) + 1 (docs/overhead.md, lever 16)."""
+    log2(n) + 1 (docs/overhead-levers.md, lever 16)."""
     history = NINE_TURNS
     calls, tokenize = counted_tokenize()
     ctx = assemble_context(system_prompt="s", history=history, budget_tokens=10_000, tokenize=tokenize)

@@ -1,5 +1,5 @@
 """``manage.py bench_fixed_sql``: the hot path's fixed statements in-process against the configured database,
-each run the way it ran before and after docs/overhead.md levers 25-26, the variants alternated call by call:
+each run the way it ran before and after docs/overhead-levers.md levers 25-26, the variants alternated call by call:
 
 - the worker's claim (``generation_start``'s statement) and a conversation's totals, through Django's
   client-binding cursor (parsed and planned at every run) and through ``database.sql.prepared_cursor``

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import statistics
 import time
+from collections import Counter
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -382,8 +383,8 @@ class Command(BaseCommand):
                 if s.error
             }
         )
-        failed = sum(
-            1
+        failed = Counter(
+            "-".join(map(str, k))
             for rows in per_round
             for k, v in rows.items()
             if isinstance(k, tuple)
@@ -392,5 +393,5 @@ class Command(BaseCommand):
             if not s.ok
         )
         w(
-            f"replies not completed: {failed}; error codes: {errors or 'none'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            f"replies not completed: {sum(failed.values())}{' ' + str(dict(failed)) if failed else ''}; error codes: {errors or 'none'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         )
