@@ -3,13 +3,9 @@ the SQL round trips a ``send`` costs, no database write per generated token, the
 and worker processes are configured with. Real PostgreSQL, Redis and broker; a real engine over a tiny
 random-weight Llama (no Celery: ``run_generation`` is what the task calls)."""
 
-import json
-import subprocess
-import sys
 import uuid
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -20,6 +16,7 @@ from conversations.reply_runner import run_generation
 from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
 from tests.conftest import broker_take
+from tests.db.deployed import run_deployed
 from tests.db.tiny_model import tiny_loaded_model
 
 pytestmark = pytest.mark.django_db
@@ -215,44 +212,13 @@ def test_web_and_worker_processes_reuse_pooled_postgresql_connections():
     """The settings a deployment runs with (``chatsite.settings.dev``, as ``make run``) configure psycopg's
     pool, and consecutive database calls from the event loop (``db_call``, as a consumer makes them) are
     served by the same few PostgreSQL backends instead of one new connection each."""
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     script = """
-import asyncio, json, django
-django.setup()
-from django.conf import settings
-from django.db import connection
-from database.connections import db_call
-
-def backend_pid():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
-
 async def calls():
     return [await db_call(backend_pid, thread_sensitive=False)() for _ in range(6)]
 
 print(json.dumps({"pool": settings.DATABASES["default"]["OPTIONS"]["pool"], "pids": asyncio.run(calls())}))
 """
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "DJANGO_SETTINGS_MODULE": "chatsite.settings.dev",
-        "DATABASE_URL": url,
-        "REDIS_URL": settings.REDIS_URL,
-        "DB_POOL_MAX_SIZE": "4",
-        "DB_POOL_MIN_SIZE": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=settings.BASE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_deployed(script, DB_POOL_MAX_SIZE="4", DB_POOL_MIN_SIZE="1")
     assert result["pool"]["max_size"] == 4
     # Without the pool each call opens (and closes) its own connection: six backends.
     assert len(set(result["pids"])) <= 2, result["pids"]
