@@ -171,21 +171,28 @@ def generation_finish(
     Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message.
     ``on_written`` runs inside the transaction when the write happened (the reply runner stores the output
     moderation verdict there)."""
+    final = {
+        "status": status,
+        "content": storable_text(text),
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "ttft_ms": ttft_ms,
+        "duration_ms": duration_ms,
+        "error": error,
+        "updated_at": timezone.now(),
+    }
     with transaction.atomic():
         updated = Message.objects.filter(
             pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
-        ).update(
-            status=status,
-            content=storable_text(text),
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            ttft_ms=ttft_ms,
-            duration_ms=duration_ms,
-            error=error,
-            updated_at=timezone.now(),
-        )
-        message.refresh_from_db()
+        ).update(**final)
+        if updated:
+            # What was written is what is stored: no read back, and the conversation, owner and tier the claim
+            # loaded stay cached on the instance (refresh_from_db drops them, and each was a read again).
+            for name, value in final.items():
+                setattr(message, name, value)
+        else:  # someone else ended it (a Stop, the reaper): the stored state is the truth
+            message.refresh_from_db()
         if updated and (prompt_tokens or completion_tokens):
             usage_record_create(
                 user=message.conversation.owner,

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from billing.models import Tier
+from billing.models import Tier, UsageRecord
 from conversations import completions, generations
 from conversations.models import Conversation, Message
 from conversations.reply_runner import run_generation
@@ -206,6 +206,36 @@ def test_a_reply_writes_to_the_database_the_same_number_of_times_whatever_its_le
     assert long.content and long.status == Message.Status.COMPLETED
     assert len(short_writes) == len(long_writes)
     assert len(long_writes) < long.completion_tokens
+
+
+def test_a_replys_final_write_reads_back_neither_the_reply_nor_its_conversation_or_owner(
+    alice, redis_clean, engine
+):
+    """The final write sets on the claimed instance what it stored (docs/overhead-levers.md, lever 34): no
+    read of the reply after its UPDATE, and the conversation, owner and tier the claim loaded stay cached
+    (``refresh_from_db`` dropped them, and each was read again for the usage record)."""
+    host = WorkerHost(engine)
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="Count to fifty, please.")
+    reply_id = ticket.message.id
+    with CaptureQueriesContext(connection) as queries:
+        assert run_generation(message_id=reply_id, host=host) == "completed"
+    sql = [q["sql"] for q in queries.captured_queries]
+    read_again = [
+        q
+        for q in sql
+        if q.startswith(
+            ('SELECT "conversations_conversation"', 'SELECT "accounts_user"', 'SELECT "billing_tier"')
+        )
+        or (
+            q.startswith('SELECT "conversations_message"')
+            and f'"conversations_message"."id" = {reply_id}' in q
+        )
+    ]
+    assert read_again == []
+    stored = Message.objects.get(pk=reply_id)
+    assert stored.status == Message.Status.COMPLETED and stored.content and stored.completion_tokens > 0
+    usage = UsageRecord.objects.get(message_id=reply_id)
+    assert (usage.user_id, usage.completion_tokens) == (alice.pk, stored.completion_tokens)
 
 
 def test_web_and_worker_processes_reuse_pooled_postgresql_connections():
