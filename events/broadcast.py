@@ -312,16 +312,15 @@ async def replay_tokens(message_id: int, *, after_seq: int) -> list[dict[str, An
 
 async def reply_progress(message_id: int) -> str | None:
     """The last of ``started`` and ``done`` published for ``message_id`` (within the last
-    ``STREAM_REPLAY_TTL_S`` seconds), or None when neither was: what a follower that joined the reply's group
-    late (``api.follow.reply_frames``) has missed, with the guarantee of :func:`reply_progressed`. One Redis
-    read."""
+    ``STREAM_REPLAY_TTL_S`` seconds), or None when neither was. Each is marked before its group send and
+    every token follows ``started``, so a follower that joined the reply's group and then reads None has missed
+    no frame (all of them reach it live), and one that reads a kind finds what it missed in the replay stream
+    or, after ``done``, in the database (``api.follow.reply_frames``). One Redis read, no database."""
     kind = await _async_redis().get(progress_key(message_id))
     return kind.decode() if kind is not None else None
 
 
 async def reply_progressed(message_id: int) -> bool:
-    """Whether a ``started`` or ``done`` frame of ``message_id`` has been published (within the last
-    ``STREAM_REPLAY_TTL_S`` seconds). Each is marked before its group send and every token follows
-    ``started``, so a socket that joined the reply's group and then reads False has missed no frame: all
-    of them reach it live. One Redis read, no database."""
-    return bool(await _async_redis().exists(progress_key(message_id)))
+    """Whether a ``started`` or ``done`` frame of ``message_id`` has been published: :func:`reply_progress`
+    is not None (a socket that joined late and reads False has missed no frame)."""
+    return await reply_progress(message_id) is not None

@@ -51,19 +51,19 @@ def test_the_deployed_pool_replaces_a_connection_the_server_ended():
     """Settings as ``make run`` has them: a pool of one connection; its backend is terminated while it is
     idle in the pool; the next database call is served, on a new backend, without an error."""
     script = """
-import time
+import os, time
 import psycopg
 
 async def calls():
     call = db_call(backend_pid, thread_sensitive=False)
     first, again = await call(), await call()
-    with psycopg.connect(settings.DATABASE_ADMIN_URL, autocommit=True) as admin:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [first])
     time.sleep(0.3)
     return [first, again, await call()]
 
 print(json.dumps({"engine": settings.DATABASES["default"]["ENGINE"], "pids": asyncio.run(calls())}))
-""".replace("settings.DATABASE_ADMIN_URL", repr(database_url()))
+"""
     result = run_deployed(script, DB_POOL_MAX_SIZE="1", DB_POOL_MIN_SIZE="1")
     assert result["engine"] == "database.postgresql"
     first, again, after = result["pids"]
