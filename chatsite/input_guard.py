@@ -38,6 +38,8 @@ _JSON_SUSPECT = re.compile(rb"\\u0000|\\u[dD][89a-fA-F]")
 _BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 #: Multipart bodies up to this size (bytes) are forms to check; larger ones are uploads (see _multipart_field).
 MULTIPART_CHECK_MAX_BYTES = 256 * 1024
+#: Bodies (not multipart) up to this size (bytes) are checked on the event loop; larger ones on a thread.
+INLINE_CHECK_MAX_BYTES = 64 * 1024
 
 
 def _in_pairs(pairs) -> tuple[str, str] | None:
@@ -116,9 +118,21 @@ def refusal(request, field: str, problem: str) -> HttpResponse:
     return HttpResponse(render_to_string("400.html", {"message": message}), status=400)
 
 
+def _checked_on_a_thread(request) -> bool:
+    """In async mode, whether the check goes to a thread: a multipart body (a parse), or any body over
+    ``INLINE_CHECK_MAX_BYTES`` (a bigger read and scan). A small body is in memory (Django spools a request
+    body to disk only past ``FILE_UPLOAD_MAX_MEMORY_SIZE``), and its check is a regular-expression scan, so it
+    runs in place: an API request's thread hop less (docs/overhead-levers.md, lever 35)."""
+    if request.method not in _BODY_METHODS:
+        return False
+    if (request.content_type or "") == "multipart/form-data":
+        return True
+    return int(request.META.get("CONTENT_LENGTH") or 0) > INLINE_CHECK_MAX_BYTES
+
+
 def input_guard_middleware(get_response):
-    """Sync and async capable; reading a request body (a thread hop in async mode) only for methods that
-    carry one."""
+    """Sync and async capable; in async mode a large or multipart body is read and checked on a thread
+    (:func:`_checked_on_a_thread`)."""
 
     def check(request) -> HttpResponse | None:
         found = unstorable_field(request)
@@ -130,7 +144,7 @@ def input_guard_middleware(get_response):
     if iscoroutinefunction(get_response):
 
         async def middleware(request):
-            if request.method in _BODY_METHODS:
+            if _checked_on_a_thread(request):
                 refused = await sync_to_async(check, thread_sensitive=False)(request)
             else:
                 refused = check(request)
