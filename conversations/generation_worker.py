@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
@@ -170,7 +171,14 @@ def generation_finish(
     """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
     Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message.
     ``on_written`` runs inside the transaction when the write happened (the reply runner stores the output
-    moderation verdict there)."""
+    moderation verdict there).
+
+    A completed reply's turn is indexed for memory, and the ``done`` frame carries the reply's citations. For
+    a reply the worker claimed (``message.claim_reads``, :class:`ClaimReads`), what the claim read decides
+    both without reading again: a memory switch that was off then (or memory off site-wide) indexes nothing,
+    so a user who turns memory on while a reply streams has that one turn left out, never the other way
+    round; a conversation with no ready file then was given no passages, so there are no citations to read
+    (docs/overhead-levers.md, lever 36)."""
     final = {
         "status": status,
         "content": storable_text(text),
@@ -205,12 +213,17 @@ def generation_finish(
             quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
         if updated and on_written is not None:
             on_written()
-        if updated and status == Message.Status.COMPLETED:
+        # What the worker's claim read (lever 21) spares reads here (lever 36): memory that was off then
+        # indexes nothing now, and a conversation that had no ready file then gave this reply no passages.
+        claim = getattr(message, "claim_reads", None)
+        remember = claim is None or (claim.memory_switches_on and settings.MEMORY_ENABLED)
+        if updated and status == Message.Status.COMPLETED and remember:
             recall.turn_remember(message=message)  # indexed for memory; embedded after commit
         done = broadcast.frame_done(message=message)
-        cited = citations_for_messages(message_ids=[message.id]).get(message.id)
-        if cited:  # the passages of the conversation's files this reply was given (chips on the page)
-            done["citations"] = cited
+        if claim is None or claim.has_documents:
+            cited = citations_for_messages(message_ids=[message.id]).get(message.id)
+            if cited:  # the passages of the conversation's files this reply was given (chips on the page)
+                done["citations"] = cited
         broadcast.publish_on_commit(message.id, done)
         if updated and not message.conversation.stored:
             # An API completion without ``store: true`` (conversations/completions.py): the done frame above
