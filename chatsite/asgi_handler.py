@@ -30,37 +30,9 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
+from chatsite.in_place_hooks import InPlaceHooks
+
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-
-
-class InPlaceHooks:
-    """The async path of a ``MiddlewareMixin`` (mixed in before it): each hook called in place when
-    :meth:`request_in_place` / :meth:`response_in_place` say it does no I/O, else on the request's sync
-    thread as ``MiddlewareMixin.__acall__`` does. Either way the hook, its result and its exceptions are the
-    same; only the thread differs."""
-
-    def request_in_place(self, request) -> bool:
-        return True
-
-    def response_in_place(self, request, response) -> bool:
-        return True
-
-    async def __acall__(self, request):
-        response = None
-        if hasattr(self, "process_request"):
-            if self.request_in_place(request):
-                response = self.process_request(request)
-            else:
-                response = await sync_to_async(self.process_request, thread_sensitive=True)(request)
-        response = response or await self.get_response(request)
-        if hasattr(self, "process_response"):
-            if self.response_in_place(request, response):
-                response = self.process_response(request, response)
-            else:
-                response = await sync_to_async(self.process_response, thread_sensitive=True)(
-                    request, response
-                )
-        return response
 
 
 class InPlaceSecurityMiddleware(InPlaceHooks, SecurityMiddleware):

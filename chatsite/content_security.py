@@ -2,8 +2,9 @@
 
 django-csp's ``CSPMiddleware`` is a ``MiddlewareMixin``: under ASGI it runs its request and response hooks
 through ``sync_to_async(thread_sensitive=True)``, i.e. two hops per request onto the one thread every sync
-view shares. Both hooks only build a string, so this subclass calls them in place (the policy itself is
-``settings.CONTENT_SECURITY_POLICY``, built by :func:`content_security_policy`; docs/security.md).
+view shares. Both hooks only build a string, so this subclass calls them in place
+(``chatsite.in_place_hooks``; the policy itself is ``settings.CONTENT_SECURITY_POLICY``, built by
+:func:`content_security_policy`; docs/security.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from urllib.parse import urlsplit
 
 from csp.constants import NONE, SELF
 from csp.middleware import CSPMiddleware
+
+from chatsite.in_place_hooks import InPlaceHooks
 
 
 def origin_of(url: str) -> str:
@@ -43,10 +46,6 @@ def content_security_policy(*, connect_src: list[str], form_action: list[str] = 
     }
 
 
-class AsyncCSPMiddleware(CSPMiddleware):
-    """``csp.middleware.CSPMiddleware`` without the thread hops in async mode; the same header either way."""
-
-    async def __acall__(self, request):
-        self.process_request(request)
-        response = await self.get_response(request)
-        return self.process_response(request, response)
+class AsyncCSPMiddleware(InPlaceHooks, CSPMiddleware):
+    """``csp.middleware.CSPMiddleware`` without the thread hops in async mode (both hooks in place, as
+    ``chatsite.asgi_handler`` runs Django's own); the same header either way."""

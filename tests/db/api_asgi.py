@@ -4,28 +4,36 @@ import asyncio
 import json
 
 
-def completion_scope(key: str, payload: bytes) -> dict:
-    """The ASGI ``http`` scope of ``POST /v1/chat/completions`` carrying ``payload`` (a JSON body) with the
-    API key ``key``."""
+def http_scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    """The ASGI ``http`` scope of ``method path`` from a local client, with ``headers`` after ``Host``."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
+        "path": path,
+        "raw_path": path.encode(),
         "root_path": "",
         "query_string": b"",
-        "headers": [
-            (b"host", b"testserver"),
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+
+
+def completion_scope(key: str, payload: bytes) -> dict:
+    """The ASGI ``http`` scope of ``POST /v1/chat/completions`` carrying ``payload`` (a JSON body) with the
+    API key ``key``."""
+    return http_scope(
+        "POST",
+        "/v1/chat/completions",
+        [
             (b"authorization", f"Bearer {key}".encode()),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(payload)).encode()),
         ],
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
+    )
 
 
 def completion_call(key: str, body: dict) -> tuple[dict, asyncio.Queue]:

@@ -14,30 +14,18 @@ from django.utils.module_loading import import_string
 
 import chatsite.asgi_handler as asgi_handler
 from chatsite.asgi import django_asgi_app
+from tests.db.api_asgi import http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _scope(method: str, path: str, *, body: bytes = b"", cookies: str = "", content_type: str = "") -> dict:
-    headers = [(b"host", b"testserver"), (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-length", str(len(body)).encode())]
     if cookies:
         headers.append((b"cookie", cookies.encode()))
     if content_type:
         headers.append((b"content-type", content_type.encode()))
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
+    return http_scope(method, path, headers)
 
 
 def _request(method: str, path: str, **kwargs) -> tuple[int, dict[str, list[str]], bytes]:
@@ -65,10 +53,11 @@ def _request(method: str, path: str, **kwargs) -> tuple[int, dict[str, list[str]
 
 @pytest.fixture
 def hops(monkeypatch):
-    """The hooks sent to a thread, by name (``sync_to_async`` as chatsite.asgi_handler, Django's
-    ``MiddlewareMixin`` and the input guard call it); each still runs."""
+    """The hooks sent to a thread, by name (``sync_to_async`` as chatsite's in-place hooks and handler,
+    Django's ``MiddlewareMixin`` and the input guard call it); each still runs."""
     import django.utils.deprecation as deprecation
 
+    import chatsite.in_place_hooks as in_place_hooks
     import chatsite.input_guard as input_guard
 
     real = asgi_handler.sync_to_async
@@ -79,6 +68,7 @@ def hops(monkeypatch):
         return real(func, **kwargs)
 
     monkeypatch.setattr(asgi_handler, "sync_to_async", spy)
+    monkeypatch.setattr(in_place_hooks, "sync_to_async", spy)
     monkeypatch.setattr(deprecation, "sync_to_async", spy)
     monkeypatch.setattr(input_guard, "sync_to_async", spy)
     return called

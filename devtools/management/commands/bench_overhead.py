@@ -337,9 +337,7 @@ class Command(BaseCommand):
             w(f"| bare engine TTFT, {n} clients, p50 ms | | {_median_range(eng, '{:.1f}')} |")
             stack = [_pct(flat(rows, ("page", n)), "engine_ttft_ms", 50) for rows in per_round]
             w(f"| stack's engine TTFT (page), {n} clients, p50 ms | | {_median_range(stack, '{:.1f}')} |")
-            # What a user waits for in all, against the bare engine's own TTFT at the same concurrency: at 32
-            # clients the stack's admission spreads the prefills, so its engine TTFT is shorter than the bare
-            # engine's and the added TTFT above holds waits the bare engine has inside its own TTFT.
+            # What a user waits for in all, against the bare engine at the same concurrency (docs/overhead.md).
             client = [_pct(flat(rows, ("page", n)), "ttft_ms", 50) for rows in per_round]
             w(f"| client TTFT, page path, {n} clients, p50 ms | | {_median_range(client, '{:.1f}')} |")
             vs = [c / e if e else float("nan") for c, e in zip(client, eng, strict=True)]
