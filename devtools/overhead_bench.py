@@ -198,11 +198,15 @@ async def api_wave(base_url: str, key: str, model: str, n: int, max_tokens: int)
 # --- refusals and the resume flood -----------------------------------------------------------------------------
 
 
-async def _refusals(url: str, origin: str, cookie: str, count: int, interval_s: float) -> list[float]:
+async def _refusals(
+    url: str, origin: str, cookie: str, count: int, interval_s: float, ready, go
+) -> list[float]:
     import websockets
 
     times = []
     async with websockets.connect(url, additional_headers={"Cookie": cookie}, origin=origin) as ws:
+        ready.set()
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
         for _ in range(count):
             started = time.perf_counter()
             await ws.send(json.dumps({"type": "send", "content": "Hello?", "client_id": str(uuid.uuid4())}))
@@ -217,10 +221,51 @@ async def _refusals(url: str, origin: str, cookie: str, count: int, interval_s: 
     return times
 
 
-def refusal_probe(url: str, origin: str, cookie: str, count: int, interval_s: float, out) -> None:
-    """Entry point of the spawned prober process: ``count`` sends, one every ``interval_s`` s, by a user whose
-    tier refuses every request at the load gate; puts the refusal times (ms, send -> error frame) on ``out``."""
-    out.put(asyncio.run(_refusals(url, origin, cookie, count, interval_s)))
+def refusal_probe(url: str, origin: str, cookie: str, count: int, interval_s: float, out, ready, go) -> None:
+    """Entry point of the spawned prober process: connects, sets ``ready`` (a ``multiprocessing.Event``),
+    waits for ``go``, then sends ``count`` frames, one every ``interval_s`` s, as a user whose tier refuses
+    every request at the load gate; puts the refusal times (ms, send -> error frame) on ``out``
+    (:class:`RefusalProber` runs it)."""
+    out.put(asyncio.run(_refusals(url, origin, cookie, count, interval_s, ready, go)))
+
+
+class RefusalProber:
+    """The refusal prober (:func:`refusal_probe`) in a spawned process of its own, so the streaming clients
+    of the caller's process do not delay the loop that times the refusals. The constructor returns once the
+    process has started and connected (a new interpreter takes about a core for 0.2 s: that start must not
+    land on the waves it probes); :meth:`go` lets it send, :meth:`finish` returns its refusal times (ms).
+    Raises ``RuntimeError`` when it does not connect within 60 s."""
+
+    def __init__(self, url: str, origin: str, cookie: str, count: int, interval_s: float = 0.15):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.out, ready, self._go = ctx.Queue(), ctx.Event(), ctx.Event()
+        self.process = ctx.Process(
+            target=refusal_probe,
+            args=(url, origin, cookie, count, interval_s, self.out, ready, self._go),
+            daemon=True,  # ends with the run, even one that never set go
+        )
+        self.process.start()
+        if not ready.wait(60):
+            self.process.kill()
+            raise RuntimeError("the refusal prober did not connect within 60 s")
+
+    def go(self) -> None:
+        """Start sending (the waves it probes begin now)."""
+        self._go.set()
+
+    def running(self) -> bool:
+        """Whether it is still sending (no result yet)."""
+        return self.process.is_alive() and self.out.empty()
+
+    def finish(self) -> list[float]:
+        """Its refusal times (ms, send -> error frame), waiting up to 120 s; starts it first if it was not."""
+        self._go.set()
+        try:
+            return self.out.get(timeout=120)
+        finally:
+            self.process.join(10)
 
 
 async def resume_flood(

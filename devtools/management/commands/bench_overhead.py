@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import multiprocessing
 import os
 import statistics
 import time
@@ -121,15 +120,15 @@ class Command(BaseCommand):
                     rows[("engine", n)] = [
                         bench.engine_wave(engine, n, sampling, round_index=r) for _ in range(waves)
                     ]
-                    refusals = (
-                        self.start_refusals(refused_cookie, o["refusals"]) if n == max(levels) else None
-                    )
+                    refusals = self.prober(refused_cookie, o["refusals"]) if n == max(levels) else None
+                    if refusals is not None:
+                        refusals.go()
                     rows[("page", n)] = [
                         asyncio.run(bench.page_wave(cookies[:n], self.ws_url, self.origin))
                         for _ in range(waves)
                     ]
                     if refusals is not None:
-                        rows["refusals"] = self.finish_refusals(*refusals)
+                        rows["refusals"] = refusals.finish()
                     if not o["skip_api"]:
                         rows[("api", n)] = [self.api_wave(key, n, o["max_tokens"]) for _ in range(waves)]
                 rows["flood"] = self.flood(cookies[0], o["flood_rate"], o["flood_seconds"])
@@ -173,11 +172,12 @@ class Command(BaseCommand):
             try:
                 asyncio.run(bench.page_wave(cookies[:1], self.ws_url, self.origin))
                 for _ in range(o["rounds"]):
-                    proc, out = self.start_refusals(refused_cookie, o["refusals"])
+                    prober = self.prober(refused_cookie, o["refusals"])
+                    prober.go()
                     waves = [asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin))]
-                    while proc.is_alive() and out.empty():  # keep the engine saturated until the last refusal
+                    while prober.running():  # keep the engine saturated until the last refusal
                         waves.append(asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin)))
-                    per_round.append({"refusals": self.finish_refusals(proc, out), "waves": waves})
+                    per_round.append({"refusals": prober.finish(), "waves": waves})
                     self.stderr.write(
                         f"refusal ms, in order: {[round(t, 1) for t in per_round[-1]['refusals']]}"
                     )
@@ -272,21 +272,11 @@ class Command(BaseCommand):
             stream.engine_ttft_ms = stored.get(message_id)
         return wave
 
-    def start_refusals(self, cookie: str, count: int):
-        ctx = multiprocessing.get_context("spawn")
-        out = ctx.Queue()
-        proc = ctx.Process(
-            target=bench.refusal_probe, args=(self.ws_url, self.origin, cookie, count, 0.15, out)
-        )
-        proc.start()
-        return proc, out
-
-    def finish_refusals(self, proc, out) -> list[float]:
+    def prober(self, cookie: str, count: int) -> bench.RefusalProber:
         try:
-            times = out.get(timeout=120)
-        finally:
-            proc.join(10)
-        return times
+            return bench.RefusalProber(self.ws_url, self.origin, cookie, count)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
 
     def flood(self, cookie: str, rate: float, seconds: float) -> dict:
         from conversations.models import Message
