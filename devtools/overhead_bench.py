@@ -135,14 +135,19 @@ async def _page_reply(ws, prompt: str, stream: Stream, timeout: float) -> None:
             return
 
 
-async def page_wave(cookies: list[str], url: str, origin: str, timeout: float = 300.0) -> Wave:
-    """One ``send`` on each of ``len(cookies)`` sockets (opened first, not timed), all at once."""
+async def open_sockets(cookies: list[str], url: str, origin: str) -> list:
+    """One chat socket per session cookie, opened one after another (``websockets`` client connections)."""
     import websockets
 
-    sockets = [
+    return [
         await websockets.connect(url, additional_headers={"Cookie": c}, origin=origin, max_size=None)
         for c in cookies
     ]
+
+
+async def page_wave(cookies: list[str], url: str, origin: str, timeout: float = 300.0) -> Wave:
+    """One ``send`` on each of ``len(cookies)`` sockets (opened first, not timed), all at once."""
+    sockets = await open_sockets(cookies, url, origin)
     streams = [Stream() for _ in cookies]
     try:
         started = time.perf_counter()
@@ -198,15 +203,12 @@ async def api_wave(base_url: str, key: str, model: str, n: int, max_tokens: int)
 # --- refusals and the resume flood -----------------------------------------------------------------------------
 
 
-async def _refusals(
-    url: str, origin: str, cookie: str, count: int, interval_s: float, ready, go
-) -> list[float]:
+async def _refusals(url: str, origin: str, cookie: str, count: int, interval_s: float, ready) -> list[float]:
     import websockets
 
     times = []
     async with websockets.connect(url, additional_headers={"Cookie": cookie}, origin=origin) as ws:
         ready.set()
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
         for _ in range(count):
             started = time.perf_counter()
             await ws.send(json.dumps({"type": "send", "content": "Hello?", "client_id": str(uuid.uuid4())}))
@@ -221,47 +223,41 @@ async def _refusals(
     return times
 
 
-def refusal_probe(url: str, origin: str, cookie: str, count: int, interval_s: float, out, ready, go) -> None:
+def refusal_probe(url: str, origin: str, cookie: str, count: int, interval_s: float, out, ready) -> None:
     """Entry point of the spawned prober process: connects, sets ``ready`` (a ``multiprocessing.Event``),
-    waits for ``go``, then sends ``count`` frames, one every ``interval_s`` s, as a user whose tier refuses
-    every request at the load gate; puts the refusal times (ms, send -> error frame) on ``out``
-    (:class:`RefusalProber` runs it)."""
-    out.put(asyncio.run(_refusals(url, origin, cookie, count, interval_s, ready, go)))
+    then sends ``count`` frames, one every ``interval_s`` s, as a user whose tier refuses every request at the
+    load gate; puts the refusal times (ms, send -> error frame) on ``out`` (:class:`RefusalProber` runs it)."""
+    out.put(asyncio.run(_refusals(url, origin, cookie, count, interval_s, ready)))
 
 
 class RefusalProber:
     """The refusal prober (:func:`refusal_probe`) in a spawned process of its own, so the streaming clients
     of the caller's process do not delay the loop that times the refusals. The constructor returns once the
-    process has started and connected (a new interpreter takes about a core for 0.2 s: that start must not
-    land on the waves it probes); :meth:`go` lets it send, :meth:`finish` returns its refusal times (ms).
-    Raises ``RuntimeError`` when it does not connect within 60 s."""
+    process has started and connected, as it begins to send (a new interpreter takes about a core for 0.2 s:
+    that start must not land on the waves it probes, so build it right before them); :meth:`finish` returns
+    its refusal times (ms). Raises ``RuntimeError`` when it does not connect within 60 s."""
 
     def __init__(self, url: str, origin: str, cookie: str, count: int, interval_s: float = 0.15):
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
-        self.out, ready, self._go = ctx.Queue(), ctx.Event(), ctx.Event()
+        self.out, ready = ctx.Queue(), ctx.Event()
         self.process = ctx.Process(
             target=refusal_probe,
-            args=(url, origin, cookie, count, interval_s, self.out, ready, self._go),
-            daemon=True,  # ends with the run, even one that never set go
+            args=(url, origin, cookie, count, interval_s, self.out, ready),
+            daemon=True,  # ends with the run, even one that stops before its result
         )
         self.process.start()
         if not ready.wait(60):
             self.process.kill()
             raise RuntimeError("the refusal prober did not connect within 60 s")
 
-    def go(self) -> None:
-        """Start sending (the waves it probes begin now)."""
-        self._go.set()
-
     def running(self) -> bool:
         """Whether it is still sending (no result yet)."""
         return self.process.is_alive() and self.out.empty()
 
     def finish(self) -> list[float]:
-        """Its refusal times (ms, send -> error frame), waiting up to 120 s; starts it first if it was not."""
-        self._go.set()
+        """Its refusal times (ms, send -> error frame), waiting up to 120 s."""
         try:
             return self.out.get(timeout=120)
         finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import time
 import uuid
 from urllib.parse import urlsplit
@@ -43,12 +42,11 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     since the first with it: measure servers whose threads are pools, as daphne's and PostgreSQL's are."""
     total = 0.0
     for proc in processes:
+        tasks = f"/proc/{proc.pid}/task"
         try:
-            tasks = os.listdir(f"/proc/{proc.pid}/task")
-            for tid in tasks:
-                with open(f"/proc/{proc.pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-        except FileNotFoundError:  # no schedstat here, or the process (or a thread) ended
+            # Summed before it is added: a thread gone mid-way leaves nothing of this process counted twice.
+            total += sum(_schedstat_ns(f"{tasks}/{tid}/schedstat") for tid in os.listdir(tasks)) / 1e9
+        except FileNotFoundError:  # no schedstat here, or the process (or a thread) ended: this one in ticks
             try:
                 times = proc.cpu_times()
             except psutil.NoSuchProcess:
@@ -57,51 +55,50 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     return total
 
 
+def _schedstat_ns(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
 def postgres_processes() -> list[psutil.Process]:
     """Every process named ``postgres`` on this machine (the server and its backends)."""
     return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
 
 
-async def _send(ws, prompt: str, started: float, tickets: list[float]) -> None:
+async def _ticket(ws, prompt: str, started: float) -> float:
+    """Send ``prompt`` and wait for its ``queued`` ticket: ms since ``started``. Raises ``CommandError`` when
+    the send is refused."""
     await ws.send(json.dumps({"type": "send", "content": prompt, "client_id": str(uuid.uuid4())}))
     while True:
         frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
-        if frame["type"] in ("queued", "error"):
-            if frame["type"] == "error":
-                raise CommandError(f"a send was refused: {frame.get('code')}: {frame.get('message')}")
-            tickets.append((time.perf_counter() - started) * 1000)
-            break
-    while True:  # the reply streams to its end before the next round
-        frame = json.loads(await asyncio.wait_for(ws.recv(), 300))
-        if frame["type"] in ("done", "error"):
-            return
+        if frame["type"] == "error":
+            raise CommandError(f"a send was refused: {frame.get('code')}: {frame.get('message')}")
+        if frame["type"] == "queued":
+            return (time.perf_counter() - started) * 1000
+
+
+async def _drain(ws) -> None:
+    """Read the reply to its end, so the next round starts with an idle engine."""
+    while json.loads(await asyncio.wait_for(ws.recv(), 300))["type"] not in ("done", "error"):
+        pass
 
 
 async def burst(cookies: list[str], url: str, origin: str, web: psutil.Process) -> dict:
     """One burst: the sockets opened (not timed), one ``send`` each at once. Returns the tickets' times (ms)
     and the web process's and PostgreSQL's CPU (ms) from the burst to the last ticket."""
-    import websockets
-
-    sockets = [
-        await websockets.connect(url, additional_headers={"Cookie": c}, origin=origin, max_size=None)
-        for c in cookies
-    ]
+    sockets = await bench.open_sockets(cookies, url, origin)
     try:
         postgres = postgres_processes()
-        tickets: list[float] = []
         web_before, pg_before = cpu_s([web]), cpu_s(postgres)
         started = time.perf_counter()
-        sends = [
-            asyncio.ensure_future(_send(ws, bench.PROMPTS[i % len(bench.PROMPTS)], started, tickets))
-            for i, ws in enumerate(sockets)
-        ]
-        while len(tickets) < len(sockets) and not any(s.done() and s.exception() for s in sends):
-            await asyncio.sleep(0.002)
+        tickets = await asyncio.gather(
+            *(_ticket(ws, bench.PROMPTS[i % len(bench.PROMPTS)], started) for i, ws in enumerate(sockets))
+        )
         web_ms, pg_ms = 1000 * (cpu_s([web]) - web_before), 1000 * (cpu_s(postgres) - pg_before)
-        await asyncio.gather(*sends)
+        await asyncio.gather(*(_drain(ws) for ws in sockets))
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-    return {"tickets": tickets, "web_ms": web_ms, "postgres_ms": pg_ms}
+    return {"tickets": list(tickets), "web_ms": web_ms, "postgres_ms": pg_ms}
 
 
 class Command(BaseCommand):
@@ -120,6 +117,7 @@ class Command(BaseCommand):
         from django.conf import settings
 
         from devtools.management.commands.bench_overhead import Command as OverheadBench
+        from devtools.management.commands.bench_overhead import median_range
 
         if o["clients"] < 1 or o["rounds"] < 1:
             raise CommandError("--clients and --rounds must be >= 1")
@@ -155,7 +153,7 @@ class Command(BaseCommand):
             )
 
         def med(values):
-            return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+            return median_range(values, "{:.1f}")
 
         w(
             f"median [min-max]: queued p50 {med([percentile(r['tickets'], 50) for r in rows])} ms, last "

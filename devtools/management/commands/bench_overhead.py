@@ -36,7 +36,8 @@ TIER = "bench-overhead"
 REFUSED_TIER = "bench-refused"
 
 
-def _median_range(values: list[float], fmt: str = "{:.0f}") -> str:
+def median_range(values: list[float], fmt: str = "{:.0f}") -> str:
+    """``median [min-max]`` of ``values`` (None and NaN left out) in ``fmt``; ``-`` when none is left."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:
         return "-"
@@ -121,8 +122,6 @@ class Command(BaseCommand):
                         bench.engine_wave(engine, n, sampling, round_index=r) for _ in range(waves)
                     ]
                     refusals = self.prober(refused_cookie, o["refusals"]) if n == max(levels) else None
-                    if refusals is not None:
-                        refusals.go()
                     rows[("page", n)] = [
                         asyncio.run(bench.page_wave(cookies[:n], self.ws_url, self.origin))
                         for _ in range(waves)
@@ -173,7 +172,6 @@ class Command(BaseCommand):
                 asyncio.run(bench.page_wave(cookies[:1], self.ws_url, self.origin))
                 for _ in range(o["rounds"]):
                     prober = self.prober(refused_cookie, o["refusals"])
-                    prober.go()
                     waves = [asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin))]
                     while prober.running():  # keep the engine saturated until the last refusal
                         waves.append(asyncio.run(bench.page_wave(cookies, self.ws_url, self.origin)))
@@ -203,7 +201,7 @@ class Command(BaseCommand):
         w("| measure | median [min-max] over rounds |")
         w("|---|---|")
         for name, values in rows:
-            w(f"| {name} | {_median_range(values, '{:.1f}')} |")
+            w(f"| {name} | {median_range(values, '{:.1f}')} |")
 
     # --- set-up ------------------------------------------------------------------------------------------------
 
@@ -320,52 +318,52 @@ class Command(BaseCommand):
                 p99 = [_pct(flat(rows, (path, n)), "added_ms", 99) for rows in per_round]
                 goal = "p50 < 15, p99 < 40" if n == 1 else ("p50 < 50" if n == 32 else "-")
                 w(
-                    f"| added TTFT, {path} path, {n} clients, p50 ms | {goal} | {_median_range(p50, '{:.1f}')} |"
+                    f"| added TTFT, {path} path, {n} clients, p50 ms | {goal} | {median_range(p50, '{:.1f}')} |"
                 )
-                w(f"| added TTFT, {path} path, {n} clients, p99 ms | | {_median_range(p99, '{:.1f}')} |")
+                w(f"| added TTFT, {path} path, {n} clients, p99 ms | | {median_range(p99, '{:.1f}')} |")
             eng = [_pct(flat(rows, ("engine", n)), "ttft_ms", 50) for rows in per_round]
-            w(f"| bare engine TTFT, {n} clients, p50 ms | | {_median_range(eng, '{:.1f}')} |")
+            w(f"| bare engine TTFT, {n} clients, p50 ms | | {median_range(eng, '{:.1f}')} |")
             stack = [_pct(flat(rows, ("page", n)), "engine_ttft_ms", 50) for rows in per_round]
-            w(f"| stack's engine TTFT (page), {n} clients, p50 ms | | {_median_range(stack, '{:.1f}')} |")
+            w(f"| stack's engine TTFT (page), {n} clients, p50 ms | | {median_range(stack, '{:.1f}')} |")
             # What a user waits for in all, against the bare engine at the same concurrency (docs/overhead.md).
             client = [_pct(flat(rows, ("page", n)), "ttft_ms", 50) for rows in per_round]
-            w(f"| client TTFT, page path, {n} clients, p50 ms | | {_median_range(client, '{:.1f}')} |")
+            w(f"| client TTFT, page path, {n} clients, p50 ms | | {median_range(client, '{:.1f}')} |")
             vs = [c / e if e else float("nan") for c, e in zip(client, eng, strict=True)]
-            w(f"| client TTFT page / bare engine TTFT, {n} clients, p50 | | {_median_range(vs, '{:.2f}')} |")
+            w(f"| client TTFT page / bare engine TTFT, {n} clients, p50 | | {median_range(vs, '{:.2f}')} |")
             bare_tps = [tps(rows, ("engine", n)) for rows in per_round]
             page_tps = [tps(rows, ("page", n)) for rows in per_round]
-            w(f"| tok/s, bare engine, {n} clients | | {_median_range(bare_tps)} |")
-            w(f"| tok/s, page path, {n} clients | | {_median_range(page_tps)} |")
+            w(f"| tok/s, bare engine, {n} clients | | {median_range(bare_tps)} |")
+            w(f"| tok/s, page path, {n} clients | | {median_range(page_tps)} |")
             ratio = [p / b if b else float("nan") for p, b in zip(page_tps, bare_tps, strict=True)]
             goal = ">= 0.9" if n == 32 else "-"
-            w(f"| tok/s page / bare, {n} clients | {goal} | {_median_range(ratio, '{:.2f}')} |")
+            w(f"| tok/s page / bare, {n} clients | {goal} | {median_range(ratio, '{:.2f}')} |")
             gaps_page = [percentile(_gaps(flat(rows, ("page", n))), 99) for rows in per_round]
             gaps_bare = [percentile(_gaps(flat(rows, ("engine", n))), 99) for rows in per_round]
             w(
-                f"| inter-token gap p99, page client, {n} clients, ms | | {_median_range(gaps_page, '{:.1f}')} |"
+                f"| inter-token gap p99, page client, {n} clients, ms | | {median_range(gaps_page, '{:.1f}')} |"
             )
             w(
-                f"| engine step (inter-token gap) p99, bare, {n} clients, ms | | {_median_range(gaps_bare, '{:.1f}')} |"
+                f"| engine step (inter-token gap) p99, bare, {n} clients, ms | | {median_range(gaps_bare, '{:.1f}')} |"
             )
             gr = [p / b if b else float("nan") for p, b in zip(gaps_page, gaps_bare, strict=True)]
             goal = "<= 1.5" if n == 32 else "-"
-            w(f"| gap p99 page / engine step p99, {n} clients | {goal} | {_median_range(gr, '{:.2f}')} |")
+            w(f"| gap p99 page / engine step p99, {n} clients | {goal} | {median_range(gr, '{:.2f}')} |")
         ref = [percentile(rows.get("refusals", []), 99) for rows in per_round]
         ref50 = [percentile(rows.get("refusals", []), 50) for rows in per_round]
         counts = [len(rows.get("refusals", [])) for rows in per_round]
         w(
-            f"| refusal p50, engine saturated ({max(levels)} page clients), ms | | {_median_range(ref50, '{:.1f}')} |"
+            f"| refusal p50, engine saturated ({max(levels)} page clients), ms | | {median_range(ref50, '{:.1f}')} |"
         )
         w(
-            f"| refusal p99, engine saturated, ms ({_median_range(counts)} refusals/round) | < 100 | {_median_range(ref, '{:.1f}')} |"
+            f"| refusal p99, engine saturated, ms ({median_range(counts)} refusals/round) | < 100 | {median_range(ref, '{:.1f}')} |"
         )
         floods = [rows.get("flood") or {} for rows in per_round]
         answered = [f.get("answered", 0) / f["sent"] if f.get("sent") else float("nan") for f in floods]
         f99 = [percentile(f.get("latencies_ms", []), 99) for f in floods]
         w(
-            f"| resume flood {o['flood_rate']:.0f}/s x {o['flood_seconds']:.0f} s: answered share | 1.0 | {_median_range(answered, '{:.2f}')} |"
+            f"| resume flood {o['flood_rate']:.0f}/s x {o['flood_seconds']:.0f} s: answered share | 1.0 | {median_range(answered, '{:.2f}')} |"
         )
-        w(f"| resume flood: answer p99 ms | < 250 | {_median_range(f99, '{:.1f}')} |")
+        w(f"| resume flood: answer p99 ms | < 250 | {median_range(f99, '{:.1f}')} |")
         w(f"resume flood answers by kind, per round: {[f.get('kinds') for f in floods]}")
         errors = sorted(
             {
