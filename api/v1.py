@@ -38,6 +38,7 @@ from api.openapi_v1 import openapi_document
 from api.streaming import CompletionStream
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
+from conversations.consumer_admission import reply_service_pool
 from conversations.models import Message
 from conversations.moderation import ContentBlocked
 from database.connections import close_request_connections
@@ -112,6 +113,19 @@ def _submit(user, chat: ChatRequest) -> Message:
         close_request_connections()
 
 
+def _prepare_and_submit(request) -> tuple:
+    """A completion request's sync part in one thread hop: ``(user, ChatRequest, reply, validated_ns)``, the
+    key checked, the body parsed and the model allowed at ``validated_ns`` (``time.time_ns()``), then the reply
+    stored and its task sent (:func:`_submit`); raises ApiError. The thread's connections are closed (given
+    back to the pool) before it returns, whatever happened."""
+    try:
+        user, chat = _prepare(request)
+        validated_ns = time.time_ns()
+        return user, chat, _submit(user, chat), validated_ns
+    finally:
+        close_request_connections()
+
+
 async def _close_db() -> None:
     """Close this request's database connections (see database/connections.py)."""
     await sync_to_async(close_request_connections)()
@@ -145,19 +159,23 @@ async def _chat_completions(request, layer, channel):
 async def _chat_completions_traced(request, layer, channel, received_ns: int):
     request_id = getattr(request, "request_id", "")
     try:
-        user, chat = await sync_to_async(_prepare)(request)
-        tracing.record_span("api.validate", received_ns, time.time_ns())
-        submit = asyncio.ensure_future(sync_to_async(_submit)(user, chat))
+        # One hop (the key check, then the reply stored), on the reply services' threads as the chat's sends:
+        # it was two, on the thread Django's handler gives each request (ThreadSensitiveContext), so a burst
+        # of completions ran its ORM work on as many threads as requests, each a rival of the event loop for
+        # the GIL (docs/overhead-levers.md, lever 37).
+        call = sync_to_async(_prepare_and_submit, thread_sensitive=False, executor=reply_service_pool())
+        submit = asyncio.ensure_future(call(request))
         try:
-            reply = await asyncio.shield(submit)
+            user, chat, reply, validated_ns = await asyncio.shield(submit)
         except asyncio.CancelledError:
             # The client left while the reply was being stored: it commits anyway, so cancel it.
             try:
-                reply = await submit
+                user, _, reply, _ = await submit
             except ApiError:
                 raise asyncio.CancelledError from None
             await _subscription(layer, channel, user, reply, request_id).aclose()
             raise
+        tracing.record_span("api.validate", received_ns, validated_ns)
     except ApiError as error:
         return error.response()
     subscription = _subscription(layer, channel, user, reply, request_id)

@@ -61,3 +61,41 @@ async def test_a_streamed_completion_holds_no_database_connection_while_it_strea
     assert seen["status"] == 200 and seen["replies"] == ["queued"]
     assert seen["during"] == before
     assert await sync_to_async(statuses, thread_sensitive=False)() == ["cancelled"]
+
+
+async def test_a_completion_checks_its_key_and_stores_its_reply_in_one_hop_on_a_reply_service_thread(
+    alice, redis_clean, monkeypatch
+):
+    """The key check and the reply's transaction run in one call on the reply services' pool (lever 37), as a
+    chat socket's send: not two hops on the thread Django's handler gives each request."""
+    import threading
+
+    from django.core.handlers.asgi import ASGIHandler
+
+    from api import v1
+
+    threads: dict[str, str] = {}
+
+    def on_thread(name, func):
+        def call(*args, **kwargs):
+            threads[name] = threading.current_thread().name
+            return func(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(v1, "user_for_request", on_thread("key check", v1.user_for_request))
+    monkeypatch.setattr(v1, "completion_request", on_thread("reply stored", v1.completion_request))
+    key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    scope, inbox = completion_call(key, body)
+    seen: dict = {}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            seen["status"] = message["status"]
+            inbox.put_nowait({"type": "http.disconnect"})
+
+    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
+    assert seen["status"] == 200
+    assert threads["key check"] == threads["reply stored"]
+    assert threads["key check"].startswith("reply-service")

@@ -1,6 +1,8 @@
 """``/v1`` request handling with the real database and Redis, no worker: validation (every unsupported
 parameter is a 400 naming it), authentication, model access, admission refusals mapped to HTTP, body limits,
-request ids; the completion service's storage; the history JSON API over a browser session."""
+request ids; the completion service's storage; the history JSON API over a browser session. Transactional:
+the completion view checks the key and stores the reply on a reply-service thread (lever 37), whose database
+connection sees only committed rows."""
 
 import json
 
@@ -18,7 +20,7 @@ from conversations.reply_runner import sampling_for
 from inference.registry import queue_for
 from tests.conftest import broker_take_headers
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)

@@ -121,7 +121,7 @@ async def test_socket_gets_a_content_policy_error_frame(session_cookie, redis_cl
     await ws.disconnect()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the view's service runs on a thread of its own (lever 37)
 def test_api_answers_400_content_policy_violation_and_charges_nothing(client, alice, redis_clean):
     _, key = api_key_create(user=alice)
     body = {
