@@ -24,7 +24,8 @@ _service_pool_lock = threading.Lock()
 
 def reply_service_pool() -> ThreadPoolExecutor:
     """This process's ``REPLY_SERVICE_THREADS`` threads (default 3) for the reply-creating services of chat
-    sockets (``send``, ``regenerate``: ~20-30 ms of ORM work and SQL each), created on first use.
+    sockets (``send``, ``regenerate``: ~20-30 ms of ORM work and SQL each) and of API completions (the key
+    check and the reply's transaction, ``api/v1.py``: lever 37), created on first use.
 
     Why a pool of their own: they ran on the event loop's default executor (``min(32, CPUs + 4)`` threads, 6
     on 2 CPUs), which also serves every other frame's database call. A wave of 32 sends filled it, and a
