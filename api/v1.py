@@ -105,12 +105,6 @@ def _submit(user, chat: ChatRequest) -> Message:
         raise from_admission(refused, user=user) from refused
     except ContentBlocked as blocked:
         raise content_policy_violation(str(blocked)) from blocked
-    finally:
-        # The reply is stored: hand this thread's connection back to the pool now, not when the stream ends.
-        # A streamed reply otherwise held one of DB_POOL_MAX_SIZE (16) connections for its whole length, and
-        # at 32 concurrent streams the other half waited for a connection before their key was even checked
-        # (api.validate p90 3.7 s, docs/overhead.md). Whatever reads the database later takes one again.
-        close_request_connections()
 
 
 def _prepare_and_submit(request) -> tuple:
@@ -123,6 +117,10 @@ def _prepare_and_submit(request) -> tuple:
         validated_ns = time.time_ns()
         return user, chat, _submit(user, chat), validated_ns
     finally:
+        # The reply is stored: hand this thread's connection back to the pool now, not when the stream ends.
+        # A streamed reply otherwise held one of DB_POOL_MAX_SIZE (16) connections for its whole length, and
+        # at 32 concurrent streams the other half waited for a connection before their key was even checked
+        # (api.validate p90 3.7 s, docs/overhead.md). Whatever reads the database later takes one again.
         close_request_connections()
 
 
