@@ -50,3 +50,23 @@ def test_cpu_time_counts_the_work_of_other_threads():
     before = cpu_s([me])
     spin(0.004)
     assert 0.003 <= cpu_s([me]) - before < 0.5
+
+
+def test_a_thread_that_ends_mid_reading_counts_nothing_and_the_total_does_not_jump(monkeypatch):
+    # A thread that ran 0.3 s and ended: the process's tick total holds it, the live threads' schedstat not.
+    ended = threading.Thread(target=_spin_thread_time, args=(0.3,))
+    ended.start()
+    ended.join()
+    me = psutil.Process()
+    before = cpu_s([me])
+    # One thread listed in /proc/PID/task whose schedstat is gone by the time it is read, as in a race.
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: listdir(path) + (["999999999"] if path.endswith("/task") else []))
+    raced = cpu_s([me])
+    assert 0 <= raced - before < 0.05  # not the tick total, which is at least 0.3 s more than the live threads'
+
+
+def _spin_thread_time(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

@@ -43,21 +43,30 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     total = 0.0
     for proc in processes:
         tasks = f"/proc/{proc.pid}/task"
-        try:
-            # Summed before it is added: a thread gone mid-way leaves nothing of this process counted twice.
-            total += sum(_schedstat_ns(f"{tasks}/{tid}/schedstat") for tid in os.listdir(tasks)) / 1e9
-        except FileNotFoundError:  # no schedstat here, or the process (or a thread) ended: this one in ticks
+        if not os.path.exists(f"/proc/{proc.pid}/schedstat"):  # no schedstat in this kernel (or the process ended)
             try:
                 times = proc.cpu_times()
             except psutil.NoSuchProcess:
                 continue
             total += times.user + times.system
+            continue
+        try:
+            tids = os.listdir(tasks)
+        except FileNotFoundError:  # the process ended
+            continue
+        # A thread that ends between the listing and its read counts 0, as one that ended before: never the
+        # process's tick total, which holds its ended threads too and would jump between two readings.
+        total += sum(_schedstat_ns(f"{tasks}/{tid}/schedstat") for tid in tids) / 1e9
     return total
 
 
 def _schedstat_ns(path: str) -> int:
-    with open(path) as f:
-        return int(f.read().split()[0])
+    """The run time in ns that the kernel's ``schedstat`` file at ``path`` holds; 0 where the thread ended."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
 
 
 def postgres_processes() -> list[psutil.Process]:
