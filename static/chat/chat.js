@@ -1,6 +1,7 @@
-/* chatsite chat page: the conversation controller. Requests (send, edit, regenerate, continue, stop),
- * the reply being generated, server frames, busy/rate-limit auto-retry and tab sync. Plain ES2020, no
- * build step; the other concerns live in render.js, socket.js, sidebar.js, composer.js, branches.js. */
+/* chatsite chat page: the conversation controller. Requests (send, edit, regenerate, continue, stop), the
+ * reply being generated, busy/rate-limit auto-retry, and the wiring of the page's modules. Plain ES2020, no
+ * build step; the other concerns live in view.js (banner, status lines, message list, controls), frames.js
+ * (what each server frame does), render.js, socket.js, sidebar.js, composer.js, branches.js. */
 (() => {
   'use strict';
   document.documentElement.classList.add('js');
@@ -31,69 +32,11 @@
   const busy = () => Boolean(state.active || state.pending);
   const csrf = () => $('input[name="csrfmiddlewaretoken"]', app)?.value || '';
 
-  // ---------- Banner, status lines ----------
-  function showBanner(text, retry = null) {
-    $('.banner-text', els.banner).textContent = text;
-    const btn = $('.banner-retry', els.banner);
-    btn.hidden = !retry;
-    btn.onclick = retry && (() => { hideBanner(); retry(); });
-    els.banner.hidden = false;
-  }
-  const hideBanner = () => { els.banner.hidden = true; };
+  // ---------- The view: banner, status lines, message list, controls (view.js) ----------
+  const view = Chat.view.init({ els, state, busy });
+  const { showBanner, hideBanner, setQueueStatus, setConn, messageById, lastMessage, addMessage } = view;
+  const { scrollToBottom, refreshControls } = view;
   Chat.showBanner = showBanner;
-
-  function setQueueStatus(text, kind = '', cancellable = false) {
-    els.queueText.textContent = text;
-    els.queue.hidden = !text;
-    els.queue.dataset.state = text ? kind : '';
-    els.queueCancel.hidden = !cancellable;
-  }
-  const CONN_TEXT = {
-    connecting: 'Connecting…', reconnecting: 'Reconnecting…', unavailable: 'Briefly unavailable — reconnecting…',
-    open: 'Connected', closed: 'Signed out — reload the page',
-  };
-  function setConn(st) { els.conn.dataset.state = st; els.conn.textContent = CONN_TEXT[st]; }
-
-  // ---------- Messages ----------
-  const messageById = (id) => (id == null ? null : $(`.message[data-message-id="${Number(id)}"]`, els.list));
-  const lastMessage = () => $$('.message', els.list).pop() || null;
-  const nearBottom = () => els.list.scrollHeight - els.list.scrollTop - els.list.clientHeight < 80;
-  const scrollToBottom = () => { els.list.scrollTop = els.list.scrollHeight; };
-
-  function addMessage(role, id, status) {
-    $('#empty-state')?.remove();
-    const el = render.bubble(role, id, status);
-    els.list.append(el);
-    scrollToBottom();
-    return el;
-  }
-
-  /** Regenerate/Retry and Continue only on the last message, only while nothing runs. */
-  function refreshControls() {
-    render.joinContinuations(els.list);
-    const isBusy = busy();
-    els.send.disabled = isBusy;
-    els.stop.hidden = !isBusy;
-    els.stop.disabled = Boolean(state.active?.stopping);
-    // The buttons are rebuilt; keyboard focus on one of them stays on its replacement.
-    const focusedCls = ['regenerate-button', 'continue-button'].find((c) => document.activeElement?.classList.contains(c));
-    $$('.regenerate-button, .continue-button', els.list).forEach((b) => b.remove());
-    $$('.branch-nav button', els.list).forEach((b) => { b.classList.toggle('locked', isBusy); });
-    const last = lastMessage();
-    if (isBusy && focusedCls) $('#composer').focus(); // the pressed button is gone while the reply runs
-    if (isBusy || !last || !state.conversationId || !last.dataset.messageId) return;
-    const isAssistant = last.classList.contains('assistant');
-    if (isAssistant ? !FINAL.has(last.dataset.status) : !last.classList.contains('user')) return;
-    const actions = $('.actions', last);
-    const button = (cls, label) => actions.append(Object.assign(document.createElement('button'),
-      { type: 'button', className: `button small ${cls}`, textContent: label }));
-    if (isAssistant && last.dataset.status === 'completed' && last.dataset.finishReason === 'length') {
-      button('continue-button', 'Continue');
-    }
-    button('regenerate-button',
-      (!isAssistant || ['failed', 'interrupted'].includes(last.dataset.status)) ? 'Retry' : 'Regenerate');
-    if (focusedCls) $(`.${focusedCls}`, actions)?.focus();
-  }
 
   // ---------- Model choice ----------
   // Only a plan with several models has the picker. Its value rides on send/edit/regenerate ("" = the
@@ -261,137 +204,6 @@
   }
 
   // ---------- Server frames ----------
-  // Refusals of a send/regenerate that waiting cures: the page re-sends the same frame after a countdown.
-  const RETRIED = new Set(['rate_limited', 'busy', 'unavailable', 'no_workers']);
-  const handlers = {
-    queued(m) {
-      const a = state.active;
-      if (a && m.message_id === a.id) { setQueueStatus(`Queued — #${m.position} in line`, 'queued'); return; }
-      const p = state.pending;
-      if (!p) return;
-      stopRetry();
-      state.pending = null;
-      if (p.userEl) {
-        p.userEl.dataset.messageId = m.user_message_id ?? '';
-        p.userEl.dataset.status = 'completed';
-        $('.content', p.userEl).dataset.raw = p.text;
-        render.addTools(p.userEl);
-      }
-      (p.hidden || []).forEach((el) => el.remove());
-      setConversation(m.conversation_id, m.title);
-      const el = addMessage('assistant', m.message_id, 'queued');
-      el.dataset.model = m.model || '';
-      render.setOmitted(el, m.omitted_messages);
-      startActive(el, m.message_id);
-      // A new branch (edit, regenerate): once it is done, re-read the branch for its "‹ n/m ›" switchers.
-      state.active.reloadOnDone = p.frame.type === 'edit' || p.frame.type === 'regenerate';
-      setQueueStatus(`Queued — #${m.position} in line`, 'queued');
-      if (p.stopRequested) stopActive();
-      refreshControls();
-    },
-    started(m) {
-      if (state.active?.id !== m.message_id) return;
-      state.active.el.dataset.status = 'streaming';
-      setQueueStatus('');
-    },
-    token(m) {
-      const a = state.active;
-      if (!a || m.message_id !== a.id || m.seq <= a.lastSeq) return; // not ours, or already seen
-      if (m.seq > a.lastSeq + 1) { // a gap: ask for a replay from what we have
-        if (!a.resyncing) socket.send({ type: 'resume', message_id: a.id, after_seq: a.lastSeq });
-        a.resyncing = true;
-        return;
-      }
-      a.resyncing = false;
-      if (a.el.dataset.status === 'queued') { a.el.dataset.status = 'streaming'; setQueueStatus(''); }
-      a.text += m.text;
-      a.lastSeq = m.seq;
-      scheduleRender();
-    },
-    done(m) {
-      const el = messageById(m.message_id);
-      if (!el) return;
-      const stick = nearBottom();
-      const reload = (state.active?.id === m.message_id && state.active.reloadOnDone) || branches.isStale();
-      if (state.active?.id === m.message_id) endActive();
-      render.finish(el, m);
-      if (m.citations) Chat.documents?.renderCitations(el, m.citations);
-      if (stick) scrollToBottom();
-      refreshControls();
-      if (reload) branches.reload().then(adoptActiveFromList).then(scrollToBottom).catch(() => {});
-    },
-    error(m) {
-      const p = state.pending;
-      if (RETRIED.has(m.code) && m.retry_after != null && p) {
-        // Admission refused a resend only after finding nothing stored under its client_id: the next try is
-        // a plain send again (the server may refuse it from its cached load figures).
-        if (m.code === 'busy' || m.code === 'rate_limited') delete p.frame.resend;
-        startRetryCountdown(m.code, m.retry_after);
-        return;
-      }
-      const el = messageById(m.message_id);
-      if (el?.classList.contains('assistant') && !FINAL.has(el.dataset.status)) { // about a reply in flight
-        if (state.active?.id === m.message_id) endActive();
-        render.finish(el, { status: 'failed', error: m.message });
-        refreshControls();
-        return;
-      }
-      if (m.code === 'content_policy' && p && !state.active) {
-        // The message is stored, marked blocked, and no reply was queued: keep the bubble with a notice.
-        stopRetry();
-        state.pending = null;
-        setQueueStatus('');
-        if (p.userEl) {
-          p.userEl.dataset.messageId = m.message_id ?? '';
-          p.userEl.dataset.status = 'blocked';
-          $('.content', p.userEl).dataset.raw = p.text;
-          render.setStatusLine(p.userEl, Chat.BLOCKED_INPUT, true);
-        }
-        (p.hidden || []).forEach((el) => el.remove());
-        if (m.conversation_id) setConversation(m.conversation_id, m.title || '');
-        refreshControls();
-        return;
-      }
-      if (p && !state.active) {
-        abandonPending();
-        // A message too long for the plan (or a model it does not offer) cannot succeed by retrying.
-        const final = ['context_too_long', 'invalid_request', 'model_not_found'].includes(m.code);
-        showBanner(m.message || 'The message could not be sent.', final ? null : p.retry);
-        return;
-      }
-      if (state.active?.stopping) { state.active.stopping = false; refreshControls(); }
-      showBanner(m.message || `Error: ${m.code}`);
-      state.unavailableBanner = m.code === 'unavailable'; // a later successful open takes it down
-    },
-    conversation(m) { // tab sync: another tab (or this one) changed a conversation of this user
-      if (m.kind === 'renamed') { sidebar.setTitle(m.conversation_id, m.title); return; }
-      if (m.kind === 'deleted') { sidebar.remove(m.conversation_id); return; }
-      if (m.kind !== 'messages') return;
-      sidebar.upsert(m.conversation_id, m.title, { toTop: true, current: m.conversation_id === state.conversationId });
-      if (m.conversation_id === state.conversationId) {
-        if (busy()) branches.markStale(); // re-read when this tab's own request is done
-        else branches.reload().then(adoptActiveFromList).catch(() => {});
-      }
-    },
-    session_ended() { setConn('closed'); },
-    document(m) { Chat.documents?.frame(m); }, // a file's processing state (documents.js)
-  };
-
-  let renderScheduled = false;
-  function scheduleRender() {
-    if (renderScheduled) return;
-    renderScheduled = true;
-    requestAnimationFrame(() => {
-      renderScheduled = false;
-      const a = state.active;
-      if (!a) return;
-      const stick = nearBottom();
-      render.markdown($('.content', a.el), a.text, false);
-      if (a.el.classList.contains('continuation')) render.joinContinuations(els.list); // shown in its head
-      if (stick) scrollToBottom();
-    });
-  }
-
   // ---------- Wiring ----------
   const socket = new Chat.Socket(cfg.wsPath, {
     status: setConn,
@@ -443,6 +255,11 @@
     urls: { messages: app.dataset.messagesUrl, branch: app.dataset.branchUrl },
     csrf, conversationId: () => state.conversationId, busy,
     onReplaced: adoptActiveFromList,
+  });
+  // Server frames (frames.js).
+  const handlers = Chat.frames.handlers({
+    state, view, socket, sidebar, branches, busy, list: els.list, stopRetry, startActive, endActive, stopActive,
+    setConversation, adoptActiveFromList, startRetryCountdown, abandonPending,
   });
 
   els.stop.addEventListener('click', () => {

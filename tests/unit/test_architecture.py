@@ -67,3 +67,18 @@ def test_product_source_files_stay_under_the_line_limit():
             if lines > MAX_LINES:
                 too_long[rel] = lines
     assert not too_long, f"split these by concern: {too_long}"
+
+
+def test_the_pages_own_scripts_stay_under_the_line_limit():
+    """No script of the product's own under ``static/`` (the vendored libraries aside) over MAX_LINES lines:
+    the chat page is split by concern (docs/chat-page.md)."""
+    scripts = [
+        p for p in (ROOT / "static").rglob("*.js") if "vendor" not in p.relative_to(ROOT / "static").parts
+    ]
+    assert any(p.name == "chat.js" for p in scripts)
+    too_long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p in scripts
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"split these by concern: {too_long}"
