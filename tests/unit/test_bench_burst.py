@@ -61,9 +61,12 @@ def test_a_thread_that_ends_mid_reading_counts_nothing_and_the_total_does_not_ju
     before = cpu_s([me])
     # One thread listed in /proc/PID/task whose schedstat is gone by the time it is read, as in a race.
     listdir = os.listdir
-    monkeypatch.setattr(os, "listdir", lambda path: listdir(path) + (["999999999"] if path.endswith("/task") else []))
+    monkeypatch.setattr(
+        os, "listdir", lambda path: listdir(path) + (["999999999"] if path.endswith("/task") else [])
+    )
     raced = cpu_s([me])
-    assert 0 <= raced - before < 0.05  # not the tick total, which is at least 0.3 s more than the live threads'
+    # Not the tick total, which is at least 0.3 s more than the live threads' run times.
+    assert 0 <= raced - before < 0.05
 
 
 def _spin_thread_time(seconds: float) -> None:

@@ -43,7 +43,8 @@ def cpu_s(processes: list[psutil.Process]) -> float:
     total = 0.0
     for proc in processes:
         tasks = f"/proc/{proc.pid}/task"
-        if not os.path.exists(f"/proc/{proc.pid}/schedstat"):  # no schedstat in this kernel (or the process ended)
+        # No schedstat in this kernel (or the process ended): its user + system time.
+        if not os.path.exists(f"/proc/{proc.pid}/schedstat"):
             try:
                 times = proc.cpu_times()
             except psutil.NoSuchProcess:
