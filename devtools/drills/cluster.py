@@ -15,7 +15,7 @@ from conversations.models import Message
 from devtools.bed import netns, services
 from devtools.bed.topology import DATA, GPU, LB, WEB
 from devtools.drills.client import Socket, drill_users, wait_settled
-from devtools.drills.faults import (
+from devtools.drills.replies import (
     LONG_PROMPT,
     SHORT_PROMPT,
     check_final,

@@ -12,8 +12,8 @@ from conversations.models import Message
 from devtools.bed import services
 from devtools.bed.topology import LB, WEB
 from devtools.drills.client import drill_users
-from devtools.drills.faults import LONG_PROMPT
 from devtools.drills.page_frames import PageFrames
+from devtools.drills.replies import LONG_PROMPT
 from devtools.drills.report import DrillResult
 
 #: The reply's length. It must still be streaming when the page's new socket resumes it (about 1 s after
