@@ -3,6 +3,7 @@
 import os
 
 import django
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.dev")
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
@@ -17,6 +18,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from accounts.channels_auth import auth_middleware_stack  # noqa: E402  (needs the app registry loaded above)
 from chatsite import websocket_limits  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
+from observability.gc_pauses import startup_done  # noqa: E402
 from safety.chain import guards_loaded  # noqa: E402
 
 websocket_limits.apply()
@@ -30,3 +32,5 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(auth_middleware_stack(URLRouter(websocket_urlpatterns))),
     }
 )
+# Start-up's heap out of the garbage collector's full collections, which paused every socket (lever 38).
+startup_done(freeze=settings.GC_FREEZE_AT_START)

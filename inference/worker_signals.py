@@ -14,8 +14,11 @@ def load_engine_at_start(sender=None, **kwargs):
     import os
     import signal
 
+    from django.conf import settings
+
     from inference.backends import EngineDead
     from inference.worker import get_host
+    from observability.gc_pauses import startup_done
 
     try:
         queues = [q.name for q in sender.task_consumer.queues]
@@ -30,6 +33,9 @@ def load_engine_at_start(sender=None, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return
     workerops.on_worker_ready(sender, host)
+    # The model's and start-up's heap out of the garbage collector's full collections, which paused the
+    # engine's step loop (lever 38).
+    startup_done(freeze=settings.GC_FREEZE_AT_START)
 
 
 worker_shutting_down.connect(workerops.on_worker_shutting_down)

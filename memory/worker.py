@@ -32,6 +32,7 @@ def load_model_at_start(sender=None, **kwargs):
     from memory import metrics
     from memory.runtime import get_batcher
     from memory.selectors import store_status
+    from observability.gc_pauses import startup_done
 
     batcher = get_batcher()
 
@@ -67,3 +68,4 @@ def load_model_at_start(sender=None, **kwargs):
         else:
             logger.info("embeddings metrics on port %s", server.server_port)
     logger.info("embeddings worker ready (%s)", store_status()["backend"])
+    startup_done(freeze=settings.GC_FREEZE_AT_START)  # the embedding model's heap: lever 38

@@ -297,10 +297,10 @@ API_COMPLETION_TIMEOUT_S = env.int("API_COMPLETION_TIMEOUT_S", default=600)
 # write's retry window during a PostgreSQL outage, and log-in throttling (django-axes).
 WS_FRAMES_PER_S = env.float("WS_FRAMES_PER_S", default=10.0)
 WS_FRAME_BURST = env.int("WS_FRAME_BURST", default=30)
-# Threads per web process for the chat socket's reply-creating services (send, regenerate) and the API's
-# completions, apart from the default pool that serves every other frame's database calls, so a refusal's
-# session check never queues behind a burst of sends (docs/overhead-levers.md, levers 13 and 37).
+# Threads per web process for chat sends, regenerates and API completions, apart from the pool serving other
+# frames' database calls, so a refusal's session check never queues behind a burst (levers 13 and 37).
 REPLY_SERVICE_THREADS = env.int("REPLY_SERVICE_THREADS", default=3)
+GC_FREEZE_AT_START = env.bool("GC_FREEZE_AT_START", default=True)  # observability/gc_pauses.py, lever 38
 # A reply still `queued` this many seconds after its last dispatch is dispatched again (the claim makes a
 # duplicate delivery a no-op), so a broker message lost with a dying worker never strands a reply.
 QUEUED_REDISPATCH_S = env.float("QUEUED_REDISPATCH_S", default=20.0)
