@@ -52,8 +52,9 @@ def freeze_startup_heap() -> int:
     exported as :data:`GC_FROZEN`."""
     gc.collect()
     gc.freeze()
-    GC_FROZEN.set(gc.get_freeze_count())
-    return gc.get_freeze_count()
+    frozen = gc.get_freeze_count()
+    GC_FROZEN.set(frozen)
+    return frozen
 
 
 def observe_full_collections() -> None:

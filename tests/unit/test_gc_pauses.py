@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from observability import gc_pauses
 
@@ -28,20 +29,21 @@ def test_start_up_done_freezes_the_heap_and_observes_full_collections(unfrozen):
     held = [[i] for i in range(10_000)]  # alive at the freeze: permanent from then on
     frozen = gc_pauses.startup_done(freeze=True)
     assert frozen == gc.get_freeze_count() >= len(held)
-    assert gc_pauses.GC_FROZEN._value.get() == frozen
+    assert _sample("chatsite:gc_frozen_objects") == frozen
     tracked_after = len(gc.get_objects())  # what a full collection still walks
     assert tracked_after < frozen
-    before = gc_pauses.GC_PAUSE._sum.get(), _count()
+    count, total = "chatsite:gc_full_collection_seconds_count", "chatsite:gc_full_collection_seconds_sum"
+    before = _sample(count), _sample(total)
     gc.collect()
     gc.collect(0)  # a young collection is not a full one
-    assert _count() == before[1] + 1
-    assert gc_pauses.GC_PAUSE._sum.get() > before[0]
+    assert _sample(count) == before[0] + 1
+    assert _sample(total) > before[1]
     gc_pauses.observe_full_collections()  # idempotent: one callback
     assert gc.callbacks.count(gc_pauses._on_collection) == 1
 
 
-def _count() -> float:
-    return sum(b.get() for b in gc_pauses.GC_PAUSE._buckets)
+def _sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
 
 
 @pytest.mark.parametrize("freeze", ["true", "false"])
