@@ -32,11 +32,11 @@ def load_engine_at_start(sender=None, **kwargs):
         logging.getLogger(__name__).exception("the model failed to load; shutting down")
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    # The model's and start-up's heap out of the garbage collector's full collections, which paused the
-    # engine's step loop (lever 38): frozen before this worker adds its versioned queue and serves its
-    # metrics, so the freeze's own collection comes as early as it can.
-    startup_done(freeze=settings.GC_FREEZE_AT_START)
     workerops.on_worker_ready(sender, host)
+    # The model's and start-up's heap out of the garbage collector's full collections, which paused the
+    # engine's step loop (lever 38). After this worker has published its status: the freeze's own collection
+    # (~275 ms) must not hold back the status that admission waits for once the engine is ready.
+    startup_done(freeze=settings.GC_FREEZE_AT_START)
 
 
 worker_shutting_down.connect(workerops.on_worker_shutting_down)
