@@ -36,6 +36,9 @@ class Stream:
     ttft_ms: float | None = None
     engine_ttft_ms: float | None = None
     gaps_ms: list[float] = field(default_factory=list)
+    #: ``time.perf_counter()`` (s) of the first token and of the token ending each gap (parallel to ``gaps_ms``).
+    first_token_at: float | None = None
+    gap_ends: list[float] = field(default_factory=list)
     tokens: int = 0
     ok: bool = False
     error: str = ""
@@ -58,6 +61,32 @@ class Wave:
     def tokens_per_s(self) -> float:
         return sum(s.tokens for s in self.streams) / self.wall_s if self.wall_s else 0.0
 
+    def steady_gaps_ms(self) -> list[float]:
+        """The gaps (ms) that ended after every stream of the wave had its first token: the steady decode,
+        without the burst's arrival (admission, and prefills sharing steps with running decodes); [] when no
+        stream got a first token."""
+        firsts = [s.first_token_at for s in self.streams if s.first_token_at is not None]
+        if not firsts:
+            return []
+        all_started = max(firsts)
+        return [
+            g for s in self.streams for g, end in zip(s.gaps_ms, s.gap_ends, strict=True) if end > all_started
+        ]
+
+
+def steady_gap_ratio(page_waves: list[Wave], bare_waves: list[Wave]) -> float:
+    """Inter-token gap p99 of ``page_waves`` over that of ``bare_waves``, both counting only the gaps after each
+    wave's last first token (:meth:`Wave.steady_gaps_ms`): what the relay adds once a burst has arrived. NaN
+    when either side has no such gap."""
+    from devtools.reply_stages import percentile
+
+    page = [g for wave in page_waves for g in wave.steady_gaps_ms()]
+    bare = [g for wave in bare_waves for g in wave.steady_gaps_ms()]
+    if not page or not bare:
+        return float("nan")
+    b = percentile(bare, 99)
+    return percentile(page, 99) / b if b else float("nan")
+
 
 class _Clock:
     """Token arrival times of one stream, turned into a TTFT and gaps."""
@@ -69,8 +98,10 @@ class _Clock:
         now = time.perf_counter()
         if self.last is None:
             self.stream.ttft_ms = (now - self.started) * 1000
+            self.stream.first_token_at = now
         else:
             self.stream.gaps_ms.append((now - self.last) * 1000)
+            self.stream.gap_ends.append(now)
         self.last = now
         self.stream.tokens += count
 

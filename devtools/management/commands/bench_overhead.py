@@ -348,6 +348,15 @@ class Command(BaseCommand):
             gr = [p / b if b else float("nan") for p, b in zip(gaps_page, gaps_bare, strict=True)]
             goal = "<= 1.5" if n == 32 else "-"
             w(f"| gap p99 page / engine step p99, {n} clients | {goal} | {median_range(gr, '{:.2f}')} |")
+            if n > 1:  # the same once every reply of the wave streams: the relay without the burst's arrival
+                steady = [
+                    bench.steady_gap_ratio(rows.get(("page", n), []), rows.get(("engine", n), []))
+                    for rows in per_round
+                ]
+                w(
+                    f"| gap p99 page / engine step p99 once all {n} stream (after the last first token) | | "
+                    f"{median_range(steady, '{:.2f}')} |"
+                )
         ref = [percentile(rows.get("refusals", []), 99) for rows in per_round]
         ref50 = [percentile(rows.get("refusals", []), 50) for rows in per_round]
         counts = [len(rows.get("refusals", [])) for rows in per_round]
