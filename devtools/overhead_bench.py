@@ -12,6 +12,7 @@ frame's ``ttft_ms`` / the stored reply's, from the request entering the engine t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -36,9 +37,8 @@ class Stream:
     ttft_ms: float | None = None
     engine_ttft_ms: float | None = None
     gaps_ms: list[float] = field(default_factory=list)
-    #: ``time.perf_counter()`` (s) of the first token and of the token ending each gap (parallel to ``gaps_ms``).
+    #: ``time.perf_counter()`` (s) of the first token; each gap ends ``gaps_ms`` after the one before.
     first_token_at: float | None = None
-    gap_ends: list[float] = field(default_factory=list)
     tokens: int = 0
     ok: bool = False
     error: str = ""
@@ -70,7 +70,11 @@ class Wave:
             return []
         all_started = max(firsts)
         return [
-            g for s in self.streams for g, end in zip(s.gaps_ms, s.gap_ends, strict=True) if end > all_started
+            g
+            for s in self.streams
+            if s.first_token_at is not None
+            for g, since_first_ms in zip(s.gaps_ms, itertools.accumulate(s.gaps_ms), strict=True)
+            if s.first_token_at + since_first_ms / 1000 > all_started
         ]
 
 
@@ -101,7 +105,6 @@ class _Clock:
             self.stream.first_token_at = now
         else:
             self.stream.gaps_ms.append((now - self.last) * 1000)
-            self.stream.gap_ends.append(now)
         self.last = now
         self.stream.tokens += count
 
