@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine import SamplingParams
-from inference.engine.sampling import TOP_P_CANDIDATES, SamplerState, sample_next_tokens
+from inference.engine.sampling import TOP_P_CANDIDATES, SamplerState, apply_penalties, sample_next_tokens
 
 
 def _states(*params):
@@ -84,3 +84,54 @@ def test_penalties():
         state.record(0, 4)
     assert sample_next_tokens(logits.clone(), [pres]) == [0]  # presence counts once: 1.92 > 1.9
     assert sample_next_tokens(logits.clone(), [freq2]) == [1]  # frequency counts twice: 1.84
+
+
+def _mask_penalised(row: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
+    """The repetition penalty as a vocabulary-wide mask (the per-row form the batched one replaced)."""
+    mask = torch.zeros(row.shape[0], dtype=torch.bool)
+    mask[seen] = True
+    return torch.where(mask, torch.where(row > 0, row / penalty, row * penalty), row)
+
+
+def test_repetition_penalty_batched_matches_per_row_mask():
+    torch.manual_seed(3)
+    vocab = 300
+    logits = torch.randn(5, vocab) * 4
+    prompts = [[1, 2, 2, 299], [], [7, 400, -1], [5] * 10, [0, 1, 2]]  # duplicates and out-of-range ids
+    penalties = [1.3, 1.1, 0.8, 1.0, 2.0]  # 1.0: no repetition penalty on that row
+    outputs = [[2, 3, 3], [9], [7, 8], [4], []]
+    states = []
+    for prompt, penalty, output in zip(prompts, penalties, outputs, strict=True):
+        state = SamplerState.create(SamplingParams(temperature=0, repetition_penalty=penalty), prompt)
+        state.seen_index(vocab)  # built at the first step, then extended by the outputs
+        for token in output:
+            state.record(token, vocab)
+        states.append(state)
+    got = logits.clone()
+    apply_penalties(got, states)
+    for i, (prompt, penalty, output) in enumerate(zip(prompts, penalties, outputs, strict=True)):
+        seen = sorted({t for t in prompt + output if 0 <= t < vocab})
+        expected = _mask_penalised(logits[i], seen, penalty) if penalty != 1.0 else logits[i]
+        assert torch.equal(got[i], expected), i
+    assert states[0].seen_index(vocab).tolist() == [1, 2, 299, 3]  # each id once, in the order first seen
+
+
+def test_repetition_penalty_before_the_first_step_and_with_presence():
+    # Tokens recorded before the index exists (and already in the prompt) count once; presence stacks on top.
+    state = SamplerState.create(
+        SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=0.5), prompt_ids=[0]
+    )
+    state.record(0, 4)
+    state.record(1, 4)
+    logits = torch.tensor([[2.0, 4.0, -1.0, 0.5]])
+    apply_penalties(logits, [state])
+    assert logits.tolist() == [[1.0 - 0.5, 2.0 - 0.5, -1.0, 0.5]]
+    assert sorted(state.seen_index(4).tolist()) == [0, 1]
+
+
+def test_penalties_on_non_contiguous_logits():
+    base = torch.tensor([[2.0, 9.0], [1.9, 9.0], [-1.0, 9.0], [0.5, 9.0]]).t()  # rows are strided views
+    logits = base[:1]
+    assert not logits.is_contiguous()
+    rep = SamplerState.create(SamplingParams(temperature=0, repetition_penalty=2.0), prompt_ids=[0])
+    assert sample_next_tokens(logits, [rep]) == [1]
