@@ -247,7 +247,11 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
             try:
                 logits = self._runner.forward(step.batch)
                 tokens = sample_next_tokens(
-                    logits, [r.sampler for r in step.sample_requests], self._gen, self._runner.argmax
+                    logits,
+                    [r.sampler for r in step.sample_requests],
+                    self._gen,
+                    self._runner.argmax,
+                    self._runner.sampler,
                 )
             except Exception as exc:
                 logger.exception("engine step failed for %d requests", len(step.advances))

@@ -22,7 +22,7 @@ def pick(op: str, dtype: torch.dtype, native: bool, builds: dict[str, Any]) -> t
 
 
 class PointwiseMixin:
-    """RMSNorm, RoPE and argmax for :class:`~inference.engine.runner.ModelRunner` (which sets ``dtype``, ``eps`` and
+    """RMSNorm, RoPE, argmax and sampling for :class:`~inference.engine.runner.ModelRunner` (which sets ``dtype``, ``eps`` and
     ``elementwise`` before calling :meth:`_choose_pointwise`)."""
 
     dtype: torch.dtype
@@ -59,6 +59,13 @@ class PointwiseMixin:
         name, fn = pick("argmax", self.dtype, native, {"argmax": el and el.argmax, "torch": "torch"})
         #: The greedy argmax of the logits (``[R, V] -> [R]``) when the native kernel is chosen, else ``None``.
         self.argmax = fn if name == "argmax" else None
+        sampler = kernels.top_p_sampler() if native else None
+        name, fn = pick(
+            "sample_top_p", self.dtype, native, {"sample_top_p": sampler and sampler.sample, "torch": "torch"}
+        )
+        #: Temperature / top-k / top-p sampling of the logits' sampled rows when the native kernel is chosen
+        #: (:data:`inference.engine.sampling.NativeSampler`), else ``None``.
+        self.sampler = fn if name == "sample_top_p" else None
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """LlamaRMSNorm of ``x`` ``[rows, dim]``: the registry's choice (:meth:`_choose_pointwise`)."""

@@ -11,7 +11,8 @@
   AVX2/FMA, also from GGUF blocks), both optionally with LlamaMLP's SiLU-and-multiply as their epilogue
   (:mod:`.linear_tiled`).
 * :func:`elementwise` (``elementwise.c``): a layer's RMSNorm (with the residual add) and SiLU-and-multiply in one call
-  each, and the greedy argmax (:mod:`.elementwise`).
+  each, and the greedy argmax (:mod:`.elementwise`); :func:`top_p_sampler` (``sampling.c``): temperature, top-k and
+  top-p sampling of one token per logits row (:mod:`.top_p`).
 
 How the library is built and cached (keyed by this CPU's feature flags and the compiler version) is in
 :mod:`.build`; which of these kernels (or torch's own ops) each operation of the runner uses, on which CPU, dtype
@@ -29,6 +30,7 @@ from .attention import DecodeAttention, PrefillAttention, RopeCache
 from .elementwise import Elementwise
 from .linear import LinearAmx, LinearBlocks, LinearRows
 from .linear_tiled import LinearFma, LinearVnni, TiledBlocks
+from .top_p import TopPSampler
 
 __all__ = [
     "DecodeAttention",
@@ -41,6 +43,7 @@ __all__ = [
     "PrefillAttention",
     "RopeCache",
     "TiledBlocks",
+    "TopPSampler",
 ]
 
 
@@ -76,6 +79,11 @@ def elementwise() -> Elementwise | None:
     """The native RMSNorm / SiLU-and-multiply / argmax kernels, built on first use; ``None`` (warned once) when they
     cannot be had."""
     return _bind(Elementwise)
+
+
+def top_p_sampler() -> TopPSampler | None:
+    """The native top-k / top-p sampling kernel, built on first use; ``None`` (warned once) when it cannot be had."""
+    return _bind(TopPSampler)
 
 
 def linear_rows() -> LinearRows | None:

@@ -50,6 +50,7 @@ SOURCES = tuple(
         "linear_vnni.c",
         "linear_fma.c",
         "elementwise.c",
+        "sampling.c",
         "rope_cache.c",
         "prefill_attention.c",
     )

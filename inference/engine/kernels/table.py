@@ -135,6 +135,8 @@ KERNELS: tuple[Kernel, ...] = (
     _torch("rope_cache", "x * cos + rotate_half(x) * sin, then index_copy_ into the cache"),
     Kernel("argmax", "argmax", "elementwise.c", shapes="[rows, n] contiguous"),
     _torch("argmax", "torch.argmax(-1)"),
+    Kernel("sample_top_p", "sample_top_p", "sampling.c", shapes="float32 logits [rows, vocab] contiguous"),
+    _torch("sample_top_p", "torch.topk(256), logsumexp and cumsum (sampling._sample_rows_torch)"),
 )
 # fmt: on
 
