@@ -246,7 +246,7 @@ def _sample_rows(
         return _sample_rows_torch(logits, states, uniforms)
     vocab = logits.shape[1]
     out = native(
-        logits,
+        logits.contiguous(),  # no copy when it already is
         torch.tensor([s.params.temperature for s in states], dtype=torch.float32),
         torch.tensor([s.params.top_k if 0 < s.params.top_k < vocab else 0 for s in states], dtype=torch.long),
         torch.tensor([s.params.top_p for s in states], dtype=torch.float32),

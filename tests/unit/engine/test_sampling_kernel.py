@@ -141,3 +141,14 @@ def test_the_engine_samples_with_the_native_kernel(make_engine):
     engine = make_engine(native_kernels=True)
     assert engine._runner.sampler is not None
     assert make_engine(native_kernels=False)._runner.sampler is None
+
+
+def test_engine_sampler_takes_strided_logits(kernel):
+    logits = (
+        torch.randn(300, 4, generator=torch.Generator().manual_seed(5)) * 3
+    ).t()  # rows are strided views
+    assert not logits.is_contiguous()
+    states = [SamplerState.create(SamplingParams(temperature=0.8, top_p=0.9, seed=i), []) for i in range(4)]
+    native = sample_next_tokens(logits, states, sampler=kernel.sample)
+    states = [SamplerState.create(SamplingParams(temperature=0.8, top_p=0.9, seed=i), []) for i in range(4)]
+    assert native == sample_next_tokens(logits, states)
