@@ -103,6 +103,16 @@ def step_summary(steps: list) -> dict:
     }
 
 
+#: ``--sampling chat``: the chat's sampling (``INFERENCE_TEMPERATURE``, ``INFERENCE_TOP_P`` and
+#: ``INFERENCE_REPETITION_PENALTY``'s defaults, ``chatsite/settings/base.py``), no seed, as the product sends it.
+CHAT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
+
+
+def sampling_fields(sampling: str) -> dict:
+    """Sampling fields shared by both systems: greedy (``temperature`` 0) or the chat's (:data:`CHAT_SAMPLING`)."""
+    return dict(CHAT_SAMPLING) if sampling == "chat" else {"temperature": 0.0}
+
+
 class OursBackend:
     """``inference.engine.LLMEngine`` in its background thread, followed by one asyncio loop (no thread per
     stream), with per-token events (``token_events=True``) so every token is stamped as it arrives."""
@@ -116,8 +126,11 @@ class OursBackend:
         dtype: str,
         adaptive_threads: bool = True,
         native_kernels: bool = True,
+        sampling: str = "greedy",
     ) -> None:
         from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
+
+        self.sampling = sampling_fields(sampling)
 
         # bfloat16 runs as float32 on a CPU without native bf16 (inference.engine.loader.compute_dtype).
         spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype=dtype)
@@ -159,7 +172,7 @@ class OursBackend:
             }
             records.append(rec)
             await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.perf_counter()))
-            params = SamplingParams(temperature=0.0, max_new_tokens=req.max_new_tokens, ignore_eos=True)
+            params = SamplingParams(**self.sampling, max_new_tokens=req.max_new_tokens, ignore_eos=True)
             handle = self.engine.submit(list(req.prompt_token_ids), params, token_events=True)
             async for ev in handle:
                 if isinstance(ev, SampledTokenEvent):
@@ -192,9 +205,17 @@ class VllmBackend:
     process; requests are added at their arrival times and outputs come back as deltas."""
 
     def __init__(
-        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int | None, dtype: str
+        self,
+        model_dir: str,
+        threads: int | None,
+        max_seqs: int,
+        max_batch_tokens: int | None,
+        dtype: str,
+        sampling: str = "greedy",
     ) -> None:
         from vllm import EngineArgs, LLMEngine
+
+        self.sampling = sampling_fields(sampling)
 
         args = EngineArgs(
             model=model_dir,
@@ -233,7 +254,7 @@ class VllmBackend:
             while i < len(pending) and t0 + pending[i].arrival_s <= now:
                 r = pending[i]
                 params = SamplingParams(
-                    temperature=0.0,
+                    **self.sampling,
                     max_tokens=r.max_new_tokens,
                     ignore_eos=True,
                     output_kind=RequestOutputKind.DELTA,
@@ -279,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--torch", action="store_true", help="ours: torch's SDPA and oneDNN only (no native kernels)"
     )
+    p.add_argument(
+        "--sampling",
+        choices=["greedy", "chat"],
+        default="greedy",
+        help="greedy, or the chat's temperature, top-p and repetition penalty (both systems)",
+    )
     args = p.parse_args(argv)
     # The protocol gets a private copy of stdout; fd 1 itself now points at stderr, so prints and logs of
     # libraries and of child processes (vLLM's engine core) cannot corrupt it.
@@ -295,9 +322,12 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype,
             adaptive_threads=not args.fixed_threads,
             native_kernels=not args.torch,
+            sampling=args.sampling,
         )
     else:
-        backend = VllmBackend(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)
+        backend = VllmBackend(
+            args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype, sampling=args.sampling
+        )
     print(
         json.dumps({"ready": True, "startup_s": round(time.perf_counter() - started, 1)}),
         file=out,

@@ -6,7 +6,8 @@ condition) cell on every system one after the other, so a slow patch of machine 
 systems alike; figures are reported as median [min-max] over the rounds, and the ratios ours ÷ vLLM are taken
 per round before the median.
 
-Workloads (same token ids for both; greedy; exactly ``max_new_tokens``, EOS ignored):
+Workloads (same token ids for both; greedy, or the chat's sampling with ``+chat`` systems; exactly
+``max_new_tokens``, EOS ignored):
 
 * ``uniform1``, ``uniform8``, ``uniform32``: N requests at t=0, 128-token prompts, 128 new tokens;
 * ``mixed``: Poisson arrivals at ``--rate`` req/s, prompts 20-1500 tokens, replies 16-512 tokens.
@@ -22,6 +23,7 @@ Example::
     python -m devtools.bench.versus --systems ours,vllm,vllm:float32  # vLLM in bf16 and in float32
     python -m devtools.bench.versus --systems ours,ours+fixed,vllm  # ours with adaptive and with fixed threads
     python -m devtools.bench.versus --systems ours,ours+torch,vllm  # native kernels vs torch's SDPA + oneDNN
+    python -m devtools.bench.versus --systems ours+chat,vllm+chat   # the chat's sampling instead of greedy
 """
 
 from __future__ import annotations
@@ -54,15 +56,19 @@ class Server:
         # "vllm:float32": another dtype than the default bfloat16.
         # "ours+fixed": ours with a fixed thread count (no adaptation to contention); "ours+torch": torch's SDPA
         # and oneDNN instead of the native kernels (EngineConfig.native_kernels=False); "ours+fixed+torch": both.
+        # "+chat" (either system): the chat's sampling (temperature 0.7, top-p 0.9, repetition penalty 1.1)
+        # instead of greedy.
         name, _, budget = system.partition("@")
         name, *variants = name.split("+")
         base, _, dtype = name.partition(":")
         cmd = [python, "-m", "devtools.bench.serve", "--system", base, "--model", model_dir]
-        flags = {"fixed": "--fixed-threads", "torch": "--torch"}
+        flags = {"fixed": ["--fixed-threads"], "torch": ["--torch"], "chat": ["--sampling", "chat"]}
         for variant in variants:
             if variant not in flags:
-                raise SystemExit(f"unknown system variant {variant!r} in {system!r} (known: fixed, torch)")
-            cmd.append(flags[variant])
+                raise SystemExit(
+                    f"unknown system variant {variant!r} in {system!r} (known: fixed, torch, chat)"
+                )
+            cmd += flags[variant]
         if budget:
             cmd += ["--max-batch-tokens", budget]
         if dtype:
