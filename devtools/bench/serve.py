@@ -117,6 +117,9 @@ class OursBackend:
     """``inference.engine.LLMEngine`` in its background thread, followed by one asyncio loop (no thread per
     stream), with per-token events (``token_events=True``) so every token is stamped as it arrives."""
 
+    #: The requests' sampling fields (:func:`sampling_fields`; set by ``main`` from ``--sampling``).
+    sampling: dict = {"temperature": 0.0}
+
     def __init__(
         self,
         model_dir: str,
@@ -126,11 +129,8 @@ class OursBackend:
         dtype: str,
         adaptive_threads: bool = True,
         native_kernels: bool = True,
-        sampling: str = "greedy",
     ) -> None:
         from inference.engine import EngineConfig, LLMEngine, ModelSpec, load_model
-
-        self.sampling = sampling_fields(sampling)
 
         # bfloat16 runs as float32 on a CPU without native bf16 (inference.engine.loader.compute_dtype).
         spec = ModelSpec(name=os.path.basename(model_dir.rstrip("/")), source=model_dir, dtype=dtype)
@@ -204,18 +204,13 @@ class VllmBackend:
     """vLLM's ``LLMEngine`` (V1, engine core in its own process as vLLM runs by default), stepped by this
     process; requests are added at their arrival times and outputs come back as deltas."""
 
+    #: As :attr:`OursBackend.sampling`.
+    sampling: dict = {"temperature": 0.0}
+
     def __init__(
-        self,
-        model_dir: str,
-        threads: int | None,
-        max_seqs: int,
-        max_batch_tokens: int | None,
-        dtype: str,
-        sampling: str = "greedy",
+        self, model_dir: str, threads: int | None, max_seqs: int, max_batch_tokens: int | None, dtype: str
     ) -> None:
         from vllm import EngineArgs, LLMEngine
-
-        self.sampling = sampling_fields(sampling)
 
         args = EngineArgs(
             model=model_dir,
@@ -322,12 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype,
             adaptive_threads=not args.fixed_threads,
             native_kernels=not args.torch,
-            sampling=args.sampling,
         )
     else:
-        backend = VllmBackend(
-            args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype, sampling=args.sampling
-        )
+        backend = VllmBackend(args.model, args.threads, args.max_seqs, args.max_batch_tokens, args.dtype)
+    backend.sampling = sampling_fields(args.sampling)
     print(
         json.dumps({"ready": True, "startup_s": round(time.perf_counter() - started, 1)}),
         file=out,
