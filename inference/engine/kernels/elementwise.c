@@ -24,12 +24,6 @@
 #define BF16_NAN(b) (((b) & 0x7fffu) > 0x7f80u)
 #define F32_NAN(v) (f32_bits(v) > 0x7f800000u)
 
-/* The bits of |v| (NaN tests by bits: -ffast-math lets the compiler assume v == v). */
-static inline uint32_t f32_bits(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return u & 0x7fffffffu;
-}
 #define PARALLEL_MIN 65536 /* elements: below this one thread is faster than forking */
 
 /* One row of RMSNorm: yr = w * (xr * rsqrt(mean(xr^2) + eps)). */

@@ -2,8 +2,9 @@
  * 2020) sampling of one token per logits row, in one call for the whole batch.
  *
  * The engine's torch path (inference/engine/sampling.py: _sample_rows) divides the [R, V] logits by the
- * temperatures, takes torch.topk(256) and a logsumexp over every row, then cumsums and draws: ~9.5 ms for 32 rows of
- * the default model's 49152-token vocabulary on one thread of a 2-vCPU Xeon, most of it topk's scalar scan. Here
+ * temperatures, takes torch.topk(256) and a logsumexp over every row, then cumsums and draws: 6.45 ms for 32 rows of
+ * the default model's 49152-token vocabulary on one thread of a 2-vCPU Xeon, most of it topk's scalar scan, against
+ * 1.56 ms here (python -m devtools.bench.sampling_probe, docs/engine.md "Sampling"). Here
  * each row is read twice, both passes vectorised (its maximum; the sum of exp((x - max) / T), glibc's libmvec
  * expf), and a third pass, 16 logits at a time, picks the candidates: for top-p alone every logit within
  * SAMPLE_SPAN / T of the maximum (usually tens of tokens; a flat row whose span holds more than SAMPLE_MAX_CAND
@@ -29,24 +30,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define SAMPLE_PARALLEL_MIN 65536 /* elements: below this one thread is faster than forking */
 #define SAMPLE_MAX_CAND 1024      /* candidates a row may keep (the caller falls back to torch above it) */
 #define SAMPLE_CHUNK 16
 #define SAMPLE_SPAN 10.f /* top-p candidates: logits within SAMPLE_SPAN / T of the row's maximum */
-
-/* Whether v is finite, by its bits (-ffast-math lets the compiler assume no NaN or infinity). */
-static inline int finite_bits(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return (u & 0x7f800000u) != 0x7f800000u;
-}
-
-/* Whether v is a NaN, by its bits. */
-static inline int xr_bits_nan(float v) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return (u & 0x7fffffffu) > 0x7f800000u;
-}
 
 /* Candidate i orders before j: a larger logit, or the same logit at a smaller index. */
 static inline int cand_before(float vi, int32_t ii, float vj, int32_t ij) { return vi > vj || (vi == vj && ii < ij); }
@@ -134,11 +123,9 @@ static int64_t sample_row(const float *xr, int64_t n, float it, int64_t k, float
     int nan = 0;
     for (int64_t j = 0; j < n; j++) {
         mx = xr[j] > mx ? xr[j] : mx;
-        nan |= xr_bits_nan(xr[j]);
+        nan |= f32_bits(xr[j]) > 0x7f800000u;
     }
-    if (nan || !finite_bits(mx)) return -1;
-    float sum = 0.f;
-    for (int64_t j = 0; j < n; j++) sum += expf((xr[j] - mx) * it);
+    if (nan || f32_bits(mx) >= 0x7f800000u) return -1;
     if (k <= 0 && top_p >= 1.f) { /* the whole vocabulary, in index order; the running sum in double */
         double total = 0.0;
         for (int64_t j = 0; j < n; j++) total += expf((xr[j] - mx) * it);
@@ -150,6 +137,8 @@ static int64_t sample_row(const float *xr, int64_t n, float it, int64_t k, float
         }
         return n - 1;
     }
+    float sum = 0.f;
+    for (int64_t j = 0; j < n; j++) sum += expf((xr[j] - mx) * it);
     float sv[SAMPLE_MAX_CAND];
     int32_t si[SAMPLE_MAX_CAND];
     int64_t kc;
