@@ -22,8 +22,8 @@ def pick(op: str, dtype: torch.dtype, native: bool, builds: dict[str, Any]) -> t
 
 
 class PointwiseMixin:
-    """RMSNorm, RoPE, argmax and sampling for :class:`~inference.engine.runner.ModelRunner` (which sets ``dtype``, ``eps`` and
-    ``elementwise`` before calling :meth:`_choose_pointwise`)."""
+    """RMSNorm, RoPE, argmax and sampling for :class:`~inference.engine.runner.ModelRunner` (which sets ``dtype``,
+    ``eps`` and ``elementwise`` before calling :meth:`_choose_pointwise`)."""
 
     dtype: torch.dtype
     eps: float
