@@ -177,6 +177,11 @@ def test_a_paid_reply_overtakes_free_replies_queued_before_it(vllm_worker, make_
             model=MODEL,
             messages=[{"role": "user", "content": LONG}],
             max_tokens=1500,
+            # Greedy with no penalty: this prompt then runs to the 1500-token limit (the native engine's float32
+            # greedy reply does). The chat's sampling ended it after 557-1500 tokens in six draws, and a holder
+            # that ends early lets the free replies through before the paid one arrives.
+            temperature=0,
+            presence_penalty=0,
             stream=True,
             store=True,
         )
