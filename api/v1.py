@@ -36,6 +36,7 @@ from api.errors import (
 from api.follow import ReplyLost, ReplySubscription, reply_frames
 from api.openapi_v1 import openapi_document
 from api.streaming import CompletionStream
+from conversations import load_warmer
 from conversations.admission import AdmissionRefused
 from conversations.completions import completion_request
 from conversations.consumer_admission import reply_service_pool
@@ -174,6 +175,7 @@ async def _chat_completions_traced(request, layer, channel, received_ns: int):
             await _subscription(layer, channel, user, reply, request_id).aclose()
             raise
         tracing.record_span("api.validate", received_ns, validated_ns)
+        load_warmer.api_request_seen(user_id=user.pk)  # this client's next admission reads warm figures
     except ApiError as error:
         return error.response()
     subscription = _subscription(layer, channel, user, reply, request_id)

@@ -1,12 +1,13 @@
-"""Keeps this web process's admission figures, and its sockets' session checks, warm for its open WebSockets.
+"""Keeps this web process's admission figures, and its sockets' session checks, warm for its open WebSockets
+and its recent API clients.
 
 Admission's inputs are cached ``ADMISSION_LOAD_CACHE_S`` (1 s) per process (:mod:`conversations.load`), and a
 user's tier is cached per user. A user who sends less often than that (everyone: the page backs off 10 s or
 more after a refusal) missed the cache at every send, and each frame's session check read PostgreSQL; under
 load those reads, each on a fresh connection and queued for a thread, were most of the refusal time. While
-this process has sockets that asked for admission in the last ``IDLE_S``, one task on its event loop runs,
-on a thread of its own every quarter of ``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what is older than
-half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
+this process has sockets, or API clients (:func:`api_request_seen`), that asked for admission in the last
+``IDLE_S``, one task on its event loop runs, on a thread of its own every quarter of
+``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what is older than half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
 queue figures of their tiers' models) and :func:`accounts.sessions.sessions_current` (every open socket's
 session in two queries). So a refusal is decided, and its socket's session known valid, from memory on the
 event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, and a
@@ -37,6 +38,7 @@ _sockets: Counter[tuple[str | None, int]] = (
     Counter()
 )  # (session key, user id) -> open sockets of this process
 _verified: dict[tuple[str | None, int], float] = {}  # -> monotonic time its session was last found current
+_api_users: dict[int, float] = {}  # user id -> monotonic time of its last API completion through this process
 _sessions_read_at = float("-inf")
 _last_activity = float("-inf")
 _task: asyncio.Task | None = None
@@ -66,7 +68,8 @@ def session_verified(*, session_key: str | None, user_id: int) -> bool:
 
 
 def note_activity() -> None:
-    """A socket of this process asked for admission: keep (or start) warming. Call on the event loop."""
+    """A socket (or an API client, :func:`api_request_seen`) of this process asked for admission: keep (or
+    start) warming. Call on the event loop."""
     global _last_activity, _task
     _last_activity = time.monotonic()
     if not settings.ADMISSION_WARM_SOCKETS:
@@ -76,12 +79,33 @@ def note_activity() -> None:
         _task = loop.create_task(_run(), name=TASK_NAME)
 
 
+def api_request_seen(*, user_id: int) -> None:
+    """An API completion of ``user_id`` went through this process: keep that user's admission figures warm
+    for ``IDLE_S``, as an open socket's, and start warming. Call on the event loop.
+
+    Without it every API completion that came more than ``ADMISSION_LOAD_CACHE_S`` after the last read
+    refreshed the figures inline before its admission: the fleet's status keys (a Redis ``SCAN`` and
+    ``MGET``) and the queue counts (one aggregate), about 2 ms at one client, paid by about every other
+    request (docs/overhead-levers.md, lever 39)."""
+    now = time.monotonic()
+    for seen, at in list(_api_users.items()):  # forgotten here, on the loop, where the dict is written
+        if now - at >= IDLE_S:
+            del _api_users[seen]
+    _api_users[user_id] = now
+    note_activity()
+
+
+def _api_users_recent(now: float) -> set[int]:
+    """The users of API completions in the last ``IDLE_S`` (read from the warmer's thread)."""
+    return {user_id for user_id, at in list(_api_users.items()) if now - at < IDLE_S}
+
+
 def warm_once() -> None:
-    """One pass: the admission figures of the open sockets' users and, when older than half
-    ``ADMISSION_LOAD_CACHE_S``, every open socket's session."""
+    """One pass: the admission figures of the open sockets' users and of recent API clients, and, when older
+    than half ``ADMISSION_LOAD_CACHE_S``, every open socket's session."""
     global _sessions_read_at
     pairs = list(_sockets)
-    load.warm(user_ids={user_id for _, user_id in pairs})
+    load.warm(user_ids={user_id for _, user_id in pairs} | _api_users_recent(time.monotonic()))
     started = time.monotonic()
     if started - _sessions_read_at >= settings.ADMISSION_LOAD_CACHE_S / 2:
         current = sessions_current(pairs=pairs)
@@ -96,7 +120,7 @@ def warm_once() -> None:
 
 async def _run() -> None:
     warm = db_call(warm_once, thread_sensitive=False, executor=_executor)
-    while _sockets and time.monotonic() - _last_activity < IDLE_S:
+    while (_sockets or _api_users) and time.monotonic() - _last_activity < IDLE_S:
         try:
             await warm()
         except Exception:  # an outage: the consumer's own reads report it; try again next period

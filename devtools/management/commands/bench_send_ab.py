@@ -46,7 +46,7 @@ async def _one_send(ws, prompt: str) -> tuple[float, float | None, float | None]
 
 
 async def _api_round(
-    origins: list[str], keys: list[str], model: str, sends: int, max_tokens: int
+    origins: list[str], keys: list[str], model: str, sends: int, max_tokens: int, pause_s: float = 0.0
 ) -> list[dict]:
     """As :func:`_round` for streamed chat completions: request -> first content chunk (``first``); ``queued``
     is when the response's headers came (the view returned: admitted and stored)."""
@@ -61,6 +61,7 @@ async def _api_round(
         for i in range(sends):
             order = range(len(clients)) if i % 2 == 0 else reversed(range(len(clients)))
             for k in order:
+                await asyncio.sleep(pause_s)
                 started = time.perf_counter()
                 stream = await clients[k].chat.completions.create(
                     model=model,
@@ -82,7 +83,11 @@ async def _api_round(
     return out
 
 
-async def _round(urls: list[str], origins: list[str], cookies: list[str], sends: int) -> list[dict]:
+async def _round(
+    urls: list[str], origins: list[str], cookies: list[str], sends: int, pause_s: float = 0.0
+) -> list[dict]:
+    """One round of page sends: ``sends`` per origin, alternated, each after ``pause_s`` seconds idle; per
+    origin the lists of ms to ``queued``, to the first token and the added TTFT."""
     import websockets
 
     sockets = [
@@ -94,6 +99,7 @@ async def _round(urls: list[str], origins: list[str], cookies: list[str], sends:
         for i in range(sends):
             order = range(len(sockets)) if i % 2 == 0 else reversed(range(len(sockets)))
             for k in order:
+                await asyncio.sleep(pause_s)
                 queued, first, added = await _one_send(sockets[k], f"Say hello number {i}.")
                 out[k]["queued"].append(queued)
                 if first is not None:
@@ -118,13 +124,20 @@ class Command(BaseCommand):
             "--api", action="store_true", help="streamed /v1/chat/completions instead of the page"
         )
         parser.add_argument(
+            "--pause-s",
+            type=float,
+            default=0.0,
+            help="seconds idle before each send: over ADMISSION_LOAD_CACHE_S (1 s), a client that sends "
+            "less often than the web process's cached figures last",
+        )
+        parser.add_argument(
             "--memory",
             choices=["off", "on"],
             default="off",
             help="the bench users' memory (off: no recall, every prompt the same short one)",
         )
 
-    def handle(self, *args, origins, sends, rounds, max_tokens, api, memory, **options):
+    def handle(self, *args, origins, sends, rounds, max_tokens, api, memory, pause_s, **options):
         from django.conf import settings
 
         from accounts.models import User
@@ -149,8 +162,8 @@ class Command(BaseCommand):
 
         def one_round(n):
             if api:
-                return asyncio.run(_api_round(origins, keys, model, n, max_tokens))
-            return asyncio.run(_round(urls, origins, cookies, n))
+                return asyncio.run(_api_round(origins, keys, model, n, max_tokens, pause_s))
+            return asyncio.run(_round(urls, origins, cookies, n, pause_s))
 
         load_before = open("/proc/loadavg").read().split()[:3]
         per_round = []
@@ -165,7 +178,8 @@ class Command(BaseCommand):
         load_after = open("/proc/loadavg").read().split()[:3]
         w = self.stdout.write
         w(
-            f"bench_send_ab{' --api' if api else ''}: {rounds} rounds x {sends} sends per origin, {max_tokens}-token replies; load average "
+            f"bench_send_ab{' --api' if api else ''}: {rounds} rounds x {sends} sends per origin, {max_tokens}-token replies, "
+            f"{pause_s:g} s idle before each send; load average "
             f"before {' '.join(load_before)}, after {' '.join(load_after)}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         )
         head = "headers" if api else "queued"
