@@ -2,6 +2,7 @@
 
 import functools
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.http import Http404
 from django.utils import timezone
@@ -39,25 +40,36 @@ def _active_key(*, key_hash: str) -> ApiKey | None:
     ``ApiKey.objects.select_related("user__tier").get(...)`` loads), or None. One fixed statement, prepared
     once per connection (``database/sql.py``; docs/overhead-levers.md, lever 26): every API request reads it, and the
     queryset's three-table join was compiled afresh each time."""
-    sql, row_fields = _key_statement()
+    sql, row_fields = _key_statement(settings.MEMORY_ENABLED)
     row = fetch_one(sql, {"key_hash": key_hash})
     if row is None:
         return None
-    api_key, user, tier = instances_from_row(row_fields, row)
+    values = iter(row)
+    api_key, user, tier = instances_from_row(row_fields, values)
     user.tier = tier
+    # Whether a completion in a new conversation would read its question's vector, read with the key (lever 40):
+    # conversations.recall.question_prefetch takes it instead of asking PostgreSQL again before admission.
+    user.question_vector_wanted = bool(next(values))
     api_key.user = user
     return api_key
 
 
 @functools.cache
-def _key_statement() -> tuple[str, tuple[tuple[type, tuple], ...]]:
+def _key_statement(memory_enabled: bool) -> tuple[str, tuple[tuple[type, tuple], ...]]:
     """``(sql, ((model, its concrete fields), ...))`` of :func:`_active_key`: the key, its user and the tier,
-    in the order the statement returns their columns. Built once per process."""
+    in the order the statement returns their columns, then whether the user's reply in a new conversation
+    would read its question's vector (``conversations.recall.new_conversation_vector_wanted_sql``, false for a
+    tier without memory). Built once per process and ``MEMORY_ENABLED``."""
+    from conversations.recall import new_conversation_vector_wanted_sql
+
     user_model = get_user_model()
     columns, row_fields = select_list((("k", ApiKey), ("u", user_model), ("t", Tier)))
     key_table, user_table, tier_table = (model._meta.db_table for model, _ in row_fields)
     key_user = ApiKey._meta.get_field("user").column
     user_tier = user_model._meta.get_field("tier").column
+    user_id = f'u."{user_model._meta.pk.column}"'
+    wanted = new_conversation_vector_wanted_sql(user_id) if memory_enabled else "false"
+    columns += f', CASE WHEN t."memory_budget_tokens" > 0 THEN {wanted} ELSE false END'
     sql = (
         f'SELECT {columns} FROM "{key_table}" k'
         f' JOIN "{user_table}" u ON u."{user_model._meta.pk.column}" = k."{key_user}"'

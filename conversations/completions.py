@@ -63,7 +63,14 @@ def completion_request(
     load_gate(tier=user.tier, model_name=routed)
     if store and turns and turns[-1]["role"] == "user":
         # A stored completion recalls memory: its question's vector is asked for now, as a page send's is.
-        recall.question_prefetch(user=user, conversation_id=None, question=turns[-1]["content"], at_once=True)
+        # An API request's key read says already whether anything would read the vector (lever 40).
+        recall.question_prefetch(
+            user=user,
+            conversation_id=None,
+            question=turns[-1]["content"],
+            at_once=True,
+            wanted=getattr(user, "question_vector_wanted", None),
+        )
     with transaction.atomic():
         # Reserves the quota (prompt bound + reply limit); attached to the reply below, settled at its end.
         admission = reply_admit(

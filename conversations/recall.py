@@ -73,20 +73,43 @@ def context_with_memory(
         return window
 
 
-def question_prefetch(*, user, conversation_id: int | None, question: str, at_once: bool = False) -> bool:
+def question_prefetch(
+    *, user, conversation_id: int | None, question: str, at_once: bool = False, wanted: bool | None = None
+) -> bool:
     """Have the question of ``user``'s coming reply in ``conversation_id`` (None: a new conversation)
     embedded already, so recall and documents retrieval cost no round trip before prefill
     (``memory.query.question_prefetch``): ``at_once`` (a page ``send``, before its transaction: the embedding
     then overlaps admission and storage too) or after the current transaction commits. Skipped where nothing
     would read the vector: a tier without memory, an empty question, or a conversation where neither recall
-    nor a file's passages can use it (:func:`question_vector_wanted`, one round trip). Returns whether it
-    was asked for."""
+    nor a file's passages can use it (:func:`question_vector_wanted`, one round trip, or ``wanted`` where the
+    caller read that already: an API request's key read has it for a new conversation, lever 40). Returns
+    whether it was asked for."""
     if user.tier.memory_budget_tokens <= 0 or not question.strip():
         return False
-    if not question_vector_wanted(user_id=user.pk, conversation_id=conversation_id):
+    if wanted is None:
+        wanted = question_vector_wanted(user_id=user.pk, conversation_id=conversation_id)
+    if not wanted:
         return False
     memory_query.question_prefetch(user_id=user.pk, text=question, at_once=at_once)
     return True
+
+
+def _memory_on_sql(user_sql: str) -> str:
+    """SQL that is true when the user whose id is ``user_sql`` (a placeholder or a column) has an embedded turn
+    to recall and has not switched memory off for the account (the conversation's own switch is the
+    caller's)."""
+    return (
+        f"EXISTS (SELECT 1 FROM {Chunk._meta.db_table} WHERE user_id = {user_sql}"
+        f" AND source_kind = '{Chunk.Source.TURN.value}' AND embedding IS NOT NULL)"
+        f" AND NOT EXISTS (SELECT 1 FROM {AccountMemory._meta.db_table} WHERE user_id = {user_sql} AND NOT enabled)"
+    )
+
+
+def new_conversation_vector_wanted_sql(user_sql: str) -> str:
+    """:func:`question_vector_wanted` for a new conversation (no files, no conversation switch) as one SQL
+    expression over the user id ``user_sql`` (a column of the caller's statement, e.g. ``'u."id"'``), for a
+    statement that reads the user anyway: the API's key read (``api.selectors``, lever 40)."""
+    return f"({_memory_on_sql(user_sql)})" if settings.MEMORY_ENABLED else "false"
 
 
 def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool:
@@ -96,8 +119,9 @@ def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool
     written out: the ORM took ~4 ms of the send's CPU to compile the same EXISTS tree (cProfile of
     ``reply_request``, Zen 4). It answers in one statement what three reads answer where the vector is used:
     ``documents.retrieval.conversation_has_documents``, ``memory.selectors.memory_enabled_for`` and
-    ``memory.recall._anything_to_recall``; a change to those switches belongs here too. Turns inside the
-    reply's window still count here (recall excludes them later), so this errs towards embedding."""
+    ``memory.recall._anything_to_recall``; a change to those switches belongs here too (and in
+    :func:`new_conversation_vector_wanted_sql`, which shares the account part). Turns inside the reply's
+    window still count here (recall excludes them later), so this errs towards embedding."""
     terms, params = [], []
     if conversation_id is not None:
         terms.append(
@@ -105,12 +129,8 @@ def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool
         )
         params += [conversation_id, Document.Status.READY]
     if settings.MEMORY_ENABLED:
-        memory = (
-            f"(EXISTS (SELECT 1 FROM {Chunk._meta.db_table} WHERE user_id = %s AND source_kind = %s"
-            " AND embedding IS NOT NULL)"
-            f" AND NOT EXISTS (SELECT 1 FROM {AccountMemory._meta.db_table} WHERE user_id = %s AND NOT enabled)"
-        )
-        params += [user_id, Chunk.Source.TURN, user_id]
+        memory = "(" + _memory_on_sql("%s")
+        params += [user_id, user_id]
         if conversation_id is not None:
             memory += (
                 f" AND NOT EXISTS (SELECT 1 FROM {ConversationMemory._meta.db_table}"

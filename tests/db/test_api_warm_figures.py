@@ -50,7 +50,9 @@ def fleet_reads(monkeypatch):
     return readers
 
 
-async def test_a_completion_after_the_cache_period_reads_warm_figures(alice, redis_clean, settings, fleet_reads):
+async def test_a_completion_after_the_cache_period_reads_warm_figures(
+    alice, redis_clean, settings, fleet_reads
+):
     settings.ADMISSION_LOAD_CACHE_S = 0.4  # the warmer's pass runs every 0.1 s and re-reads what is 0.2 s old
     load.clear_cache()
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]

@@ -124,3 +124,47 @@ def test_a_stored_api_completion_prefetches_its_question_and_an_unstored_one_doe
     )
     asked = [args[1] for args, _priority in broker_take(QUERY_QUEUE)]
     assert asked == (["What is my cat called?"] if store else [])
+
+
+@pytest.mark.parametrize(
+    "turn, account_memory, expected", [(True, True, True), (False, True, False), (True, False, False)]
+)
+def test_an_api_key_read_says_whether_a_new_conversation_reads_its_question_vector(
+    alice, asker, turn, account_memory, expected
+):
+    """The key read answers what ``question_vector_wanted`` would for a new conversation (lever 40), so a
+    stored completion runs no statement of its own for it and still prefetches exactly when recall would read
+    the vector."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from api.selectors import api_key_user
+    from api.services import api_key_create
+    from conversations.completions import completion_request
+
+    if turn:
+        embedded_turn(alice)
+    AccountMemory.objects.update_or_create(user=alice, defaults={"enabled": account_memory})
+    _, raw = api_key_create(user=alice, name="prefetch")
+    user = api_key_user(raw_key=raw)
+    assert user.question_vector_wanted is expected
+    with CaptureQueriesContext(connection) as queries:
+        completion_request(
+            user=user,
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": "What is my cat called?"}],
+            sampling={},
+            store=True,
+        )
+    assert not any("memory_chunk" in q["sql"] for q in queries.captured_queries)
+    asked = [args[1] for args, _priority in broker_take(QUERY_QUEUE)]
+    assert asked == (["What is my cat called?"] if expected else [])
+
+
+def test_an_api_key_read_for_a_tier_without_memory_says_no(alice, asker):
+    from api.selectors import api_key_user
+    from api.services import api_key_create
+
+    embedded_turn(alice)
+    Tier.objects.filter(pk=alice.tier_id).update(memory_budget_tokens=0)
+    assert api_key_user(raw_key=api_key_create(user=alice, name="k")[1]).question_vector_wanted is False
