@@ -224,8 +224,8 @@ ADMISSION_MEAN_REPLY_TOKENS = env.int("ADMISSION_MEAN_REPLY_TOKENS", default=128
 ADMISSION_DECODE_TOKENS_PER_S = env.float("ADMISSION_DECODE_TOKENS_PER_S", default=140.0)
 # How long one fleet/queue read is reused by admission in a web process (s).
 ADMISSION_LOAD_CACHE_S = env.float("ADMISSION_LOAD_CACHE_S", default=1.0)
-# Keep those figures warm for the users of a web process's open sockets (conversations/load_warmer.py), so a
-# refusal is decided from memory instead of after a database read.
+# Keep those figures warm for the users of a web process's open sockets and recent API clients
+# (conversations/load_warmer.py), so a refusal is decided from memory instead of after a database read.
 ADMISSION_WARM_SOCKETS = env.bool("ADMISSION_WARM_SOCKETS", default=True)
 # Task threads per worker when started without --concurrency: the engine's running slots plus a few, so the
 # engine always has waiting requests to order by priority/ageing while not claiming work from the broker's
