@@ -43,3 +43,20 @@ def completion_call(key: str, body: dict) -> tuple[dict, asyncio.Queue]:
     inbox: asyncio.Queue = asyncio.Queue()
     inbox.put_nowait({"type": "http.request", "body": payload, "more_body": False})
     return completion_scope(key, payload), inbox
+
+
+async def completion_opened_and_left(key: str, body: dict) -> int:
+    """``POST /v1/chat/completions`` of ``body`` with API key ``key`` through Django's real ASGI handler, the
+    client leaving as soon as the response starts; returns the response's status."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    scope, inbox = completion_call(key, body)
+    seen: dict = {}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            seen["status"] = message["status"]
+            inbox.put_nowait({"type": "http.disconnect"})
+
+    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
+    return seen["status"]

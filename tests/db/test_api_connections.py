@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from api.services import api_key_create
 from conversations.models import Message
 from database.connections import closes_connections
-from tests.db.api_asgi import completion_call
+from tests.db.api_asgi import completion_call, completion_opened_and_left
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,8 +77,6 @@ async def test_a_completion_checks_its_key_and_stores_its_reply_in_one_hop_on_a_
     chat socket's send: not two hops on the thread Django's handler gives each request."""
     import threading
 
-    from django.core.handlers.asgi import ASGIHandler
-
     from api import v1
 
     threads: dict[str, str] = {}
@@ -94,15 +92,6 @@ async def test_a_completion_checks_its_key_and_stores_its_reply_in_one_hop_on_a_
     monkeypatch.setattr(v1, "completion_request", on_thread("reply stored", v1.completion_request))
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
     body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    scope, inbox = completion_call(key, body)
-    seen: dict = {}
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            seen["status"] = message["status"]
-            inbox.put_nowait({"type": "http.disconnect"})
-
-    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
-    assert seen["status"] == 200
+    assert await completion_opened_and_left(key, body) == 200
     assert threads["key check"] == threads["reply stored"]
     assert threads["key check"].startswith("reply-service")

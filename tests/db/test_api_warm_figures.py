@@ -13,27 +13,11 @@ from api.services import api_key_create
 from conversations import load, load_warmer
 from database.connections import closes_connections
 from inference import fleet
-from tests.db.api_asgi import completion_call
+from tests.db.api_asgi import completion_opened_and_left
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-
-
-async def complete_once(key: str) -> int:
-    """One streamed completion, left as soon as its stream opens; returns the response's status."""
-    from django.core.handlers.asgi import ASGIHandler
-
-    scope, inbox = completion_call(key, BODY)
-    seen: dict = {}
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            seen["status"] = message["status"]
-            inbox.put_nowait({"type": "http.disconnect"})
-
-    await asyncio.wait_for(ASGIHandler()(scope, inbox.get, send), timeout=20)
-    return seen["status"]
 
 
 @pytest.fixture
@@ -56,12 +40,12 @@ async def test_a_completion_after_the_cache_period_reads_warm_figures(
     settings.ADMISSION_LOAD_CACHE_S = 0.4  # the warmer's pass runs every 0.1 s and re-reads what is 0.2 s old
     load.clear_cache()
     key = (await sync_to_async(closes_connections(api_key_create))(user=alice))[1]
-    assert await complete_once(key) == 200
+    assert await completion_opened_and_left(key, BODY) == 200
     assert any(not name.startswith(load_warmer.TASK_NAME) for name in fleet_reads)  # the first read inline
     await asyncio.sleep(1.0)  # 2.5 cache periods: without the warmer every figure would be stale now
     assert any(name.startswith(load_warmer.TASK_NAME) for name in fleet_reads)
     fleet_reads.clear()
-    assert await complete_once(key) == 200
+    assert await completion_opened_and_left(key, BODY) == 200
     inline = [name for name in fleet_reads if not name.startswith(load_warmer.TASK_NAME)]
     assert inline == [], f"the completion read the fleet itself on {inline}"
 
