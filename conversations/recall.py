@@ -108,8 +108,9 @@ def _memory_on_sql(user_sql: str) -> str:
 def new_conversation_vector_wanted_sql(user_sql: str) -> str:
     """:func:`question_vector_wanted` for a new conversation (no files, no conversation switch) as one SQL
     expression over the user id ``user_sql`` (a column of the caller's statement, e.g. ``'u."id"'``), for a
-    statement that reads the user anyway: the API's key read (``api.selectors``, lever 40)."""
-    return f"({_memory_on_sql(user_sql)})" if settings.MEMORY_ENABLED else "false"
+    statement that reads the user anyway: the API's key read (``api.selectors``, lever 40). The caller leaves it
+    out while ``MEMORY_ENABLED`` is off."""
+    return f"({_memory_on_sql(user_sql)})"
 
 
 def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool:
