@@ -1,10 +1,12 @@
 """``manage.py bench_api_client``: how much of the API path's TTFT is the client's own work. The same streamed
 completion (``/v1/chat/completions``, ``store: true``) is sent alternately through the ``openai`` SDK
-(``AsyncOpenAI``, the client ``bench_overhead`` and most users use) and through raw ``httpx`` streaming of a
-pre-encoded body, each on a kept connection, against a running stack (``make run``); printed: time from the call
-to the first content chunk, p50 per round for each client, and the SDK's excess, median [min-max] over rounds.
-The difference is work the product cannot remove: request building, SSE parsing and the chunk objects, on the
-same CPUs as the stack. A benchmark that prints figures, not a test.
+(``AsyncOpenAI``, the client ``bench_overhead`` and most users use), through raw ``httpx`` streaming of a
+pre-encoded body, and through a bare asyncio socket that writes the request's bytes and reads the chunked body
+with no HTTP library, each on a kept connection, in rotating order, against a running stack (``make run``);
+printed: time from the call to the first content chunk, p50 per round for each client, and the SDK's excess over
+the other two, median [min-max] over rounds. The differences are work the product cannot remove: request
+building, HTTP and SSE parsing and the chunk objects, on the same CPUs as the stack. A benchmark that prints
+figures, not a test.
 
     manage.py bench_api_client --origin http://127.0.0.1:8000 --requests 30 --rounds 3
 """
@@ -64,27 +66,95 @@ async def _raw_first_chunk(
     return first
 
 
+class _SocketClient:
+    """HTTP/1.1 on one kept asyncio connection, the least a client can do: the request's bytes written at once,
+    the chunked SSE body read with no HTTP library (``asyncio.open_connection``). Reconnects, untimed, when the
+    server closed the connection after a response."""
+
+    def __init__(self, origin: str):
+        host_port = origin.split("://", 1)[1]
+        self.host, _, port = host_port.partition(":")
+        self.port = int(port or 80)
+        self.reader = self.writer = None
+
+    async def _connect(self) -> None:
+        if self.writer is None or self.reader.at_eof():
+            if self.writer is not None:
+                self.writer.close()
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    async def first_chunk(self, key: str, model: str, prompt: str, max_tokens: int) -> float | None:
+        """ms from writing the POST to the first SSE event carrying content (None when none did)."""
+        await self._connect()
+        body = json.dumps(
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "stream": True,
+                "store": True,
+            }
+        ).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        started = time.perf_counter()
+        self.writer.write(head + body)
+        first = None
+        headers = (await self.reader.readuntil(b"\r\n\r\n")).lower()
+        closes = b"connection: close" in headers
+        pending = b""
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            data = await self.reader.readexactly(size + 2)
+            if size == 0:
+                break
+            pending += data[:-2]
+            while b"\n\n" in pending:
+                event, pending = pending.split(b"\n\n", 1)
+                if first is None and event.startswith(b"data: {"):
+                    choices = json.loads(event[6:]).get("choices") or [{}]
+                    if choices[0].get("delta", {}).get("content"):
+                        first = (time.perf_counter() - started) * 1000
+        if closes:
+            self.writer.close()
+            self.writer = None
+        return first
+
+
 async def _round(origin: str, key: str, model: str, requests: int, max_tokens: int) -> dict[str, list[float]]:
     import httpx
     import openai
 
-    out: dict[str, list[float]] = {"sdk": [], "raw": []}
+    out: dict[str, list[float]] = {"sdk": [], "raw": [], "socket": []}
     url = f"{origin}/v1/chat/completions"
+    sock = _SocketClient(origin)
     async with (
         openai.AsyncOpenAI(base_url=f"{origin}/v1", api_key=key, max_retries=0, timeout=120) as sdk,
         httpx.AsyncClient(timeout=120) as raw,
     ):
         await _sdk_first_chunk(sdk, model, "Say hello.", max_tokens)  # connections opened, not timed
         await _raw_first_chunk(raw, url, key, model, "Say hello.", max_tokens)
+        await sock.first_chunk(key, model, "Say hello.", max_tokens)
+        order = ("sdk", "raw", "socket")
         for i in range(requests):
             prompt = f"Say hello number {i}."
-            for name in ("sdk", "raw") if i % 2 == 0 else ("raw", "sdk"):
+            for name in order[i % 3 :] + order[: i % 3]:
                 if name == "sdk":
                     first = await _sdk_first_chunk(sdk, model, prompt, max_tokens)
-                else:
+                elif name == "raw":
                     first = await _raw_first_chunk(raw, url, key, model, prompt, max_tokens)
+                else:
+                    first = await sock.first_chunk(key, model, prompt, max_tokens)
                 if first is not None:
                     out[name].append(first)
+    await sock.close()
     return out
 
 
@@ -125,6 +195,7 @@ class Command(BaseCommand):
 
         sdk = [statistics.median(x["sdk"]) for x in per_round]
         raw = [statistics.median(x["raw"]) for x in per_round]
+        sock = [statistics.median(x["socket"]) for x in per_round]
         w = self.stdout.write
         w(
             f"bench_api_client: {rounds} rounds x {requests} completions per client, {max_tokens}-token replies; "
@@ -134,4 +205,6 @@ class Command(BaseCommand):
         w("|---|---|")
         w(f"| openai SDK (AsyncOpenAI) | {mr(sdk)} |")
         w(f"| raw httpx stream | {mr(raw)} |")
-        w(f"| SDK's excess | {mr([a - b for a, b in zip(sdk, raw, strict=True)])} |")
+        w(f"| bare socket, no HTTP library | {mr(sock)} |")
+        w(f"| SDK's excess over httpx | {mr([a - b for a, b in zip(sdk, raw, strict=True)])} |")
+        w(f"| SDK's excess over the bare socket | {mr([a - b for a, b in zip(sdk, sock, strict=True)])} |")
