@@ -234,6 +234,52 @@ async def api_wave(base_url: str, key: str, model: str, n: int, max_tokens: int)
     return Wave(streams, wall), list(ids)
 
 
+async def _bare_api_reply(conn, key: str, model: str, prompt: str, max_tokens: int, stream: Stream) -> int:
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "store": True,
+    }
+    completion_id = ""
+    try:
+        clock = _Clock(stream, time.perf_counter())
+        async for event in conn.post_events("/v1/chat/completions", key, payload):
+            completion_id = event.get("id", completion_id)
+            choice = (event.get("choices") or [{}])[0]
+            if choice.get("delta", {}).get("content"):
+                clock.token()
+            if choice.get("finish_reason"):
+                stream.ok = True
+    except (RuntimeError, OSError, asyncio.IncompleteReadError) as exc:
+        stream.error = type(exc).__name__
+    return int(completion_id.removeprefix("chatcmpl-") or 0)
+
+
+async def bare_api_wave(origin: str, key: str, model: str, n: int, max_tokens: int) -> tuple[Wave, list[int]]:
+    """:func:`api_wave` through :class:`devtools.bare_http.BareHttpConnection` instead of the ``openai`` SDK:
+    ``n`` kept connections, opened before the timing, each sending its request's bytes at once and reading
+    the chunked SSE body with no HTTP library, so the TTFT is the server's without the client library's work."""
+    from devtools.bare_http import BareHttpConnection
+
+    streams = [Stream() for _ in range(n)]
+    conns = [BareHttpConnection(origin) for _ in range(n)]
+    await asyncio.gather(*(c.open() for c in conns))
+    try:
+        started = time.perf_counter()
+        ids = await asyncio.gather(
+            *(
+                _bare_api_reply(conns[i], key, model, PROMPTS[i % len(PROMPTS)], max_tokens, streams[i])
+                for i in range(n)
+            )
+        )
+        wall = time.perf_counter() - started
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
+    return Wave(streams, wall), list(ids)
+
+
 # --- refusals and the resume flood -----------------------------------------------------------------------------
 
 

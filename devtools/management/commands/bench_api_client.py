@@ -21,6 +21,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from devtools.bare_http import BareHttpConnection
+
 TIER = "bench-api-client"
 
 
@@ -66,66 +68,23 @@ async def _raw_first_chunk(
     return first
 
 
-class _SocketClient:
-    """HTTP/1.1 on one kept asyncio connection, the least a client can do: the request's bytes written at once,
-    the chunked SSE body read with no HTTP library (``asyncio.open_connection``). Reconnects, untimed, when the
-    server closed the connection after a response."""
-
-    def __init__(self, origin: str):
-        host_port = origin.split("://", 1)[1]
-        self.host, _, port = host_port.partition(":")
-        self.port = int(port or 80)
-        self.reader = self.writer = None
-
-    async def _connect(self) -> None:
-        if self.writer is None or self.reader.at_eof():
-            if self.writer is not None:
-                self.writer.close()
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-    async def first_chunk(self, key: str, model: str, prompt: str, max_tokens: int) -> float | None:
-        """ms from writing the POST to the first SSE event carrying content (None when none did)."""
-        await self._connect()
-        body = json.dumps(
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-                "stream": True,
-                "store": True,
-            }
-        ).encode()
-        head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        started = time.perf_counter()
-        self.writer.write(head + body)
-        first = None
-        headers = (await self.reader.readuntil(b"\r\n\r\n")).lower()
-        closes = b"connection: close" in headers
-        pending = b""
-        while True:
-            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            data = await self.reader.readexactly(size + 2)
-            if size == 0:
-                break
-            pending += data[:-2]
-            while b"\n\n" in pending:
-                event, pending = pending.split(b"\n\n", 1)
-                if first is None and event.startswith(b"data: {"):
-                    choices = json.loads(event[6:]).get("choices") or [{}]
-                    if choices[0].get("delta", {}).get("content"):
-                        first = (time.perf_counter() - started) * 1000
-        if closes:
-            self.writer.close()
-            self.writer = None
-        return first
+async def _bare_first_chunk(conn, key: str, model: str, prompt: str, max_tokens: int) -> float | None:
+    """ms from writing the POST on a kept connection to the first SSE event carrying content (None when none
+    did): :class:`devtools.bare_http.BareHttpConnection`, no HTTP library."""
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "store": True,
+    }
+    await conn.open()
+    started = time.perf_counter()
+    first = None
+    async for event in conn.post_events("/v1/chat/completions", key, payload):
+        if first is None and (event.get("choices") or [{}])[0].get("delta", {}).get("content"):
+            first = (time.perf_counter() - started) * 1000
+    return first
 
 
 async def _round(origin: str, key: str, model: str, requests: int, max_tokens: int) -> dict[str, list[float]]:
@@ -134,14 +93,14 @@ async def _round(origin: str, key: str, model: str, requests: int, max_tokens: i
 
     out: dict[str, list[float]] = {"sdk": [], "raw": [], "socket": []}
     url = f"{origin}/v1/chat/completions"
-    sock = _SocketClient(origin)
+    sock = BareHttpConnection(origin)
     async with (
         openai.AsyncOpenAI(base_url=f"{origin}/v1", api_key=key, max_retries=0, timeout=120) as sdk,
         httpx.AsyncClient(timeout=120) as raw,
     ):
         await _sdk_first_chunk(sdk, model, "Say hello.", max_tokens)  # connections opened, not timed
         await _raw_first_chunk(raw, url, key, model, "Say hello.", max_tokens)
-        await sock.first_chunk(key, model, "Say hello.", max_tokens)
+        await _bare_first_chunk(sock, key, model, "Say hello.", max_tokens)
         order = ("sdk", "raw", "socket")
         for i in range(requests):
             prompt = f"Say hello number {i}."
@@ -151,7 +110,7 @@ async def _round(origin: str, key: str, model: str, requests: int, max_tokens: i
                 elif name == "raw":
                     first = await _raw_first_chunk(raw, url, key, model, prompt, max_tokens)
                 else:
-                    first = await sock.first_chunk(key, model, prompt, max_tokens)
+                    first = await _bare_first_chunk(sock, key, model, prompt, max_tokens)
                 if first is not None:
                     out[name].append(first)
     await sock.close()

@@ -130,6 +130,10 @@ class Command(BaseCommand):
                         rows["refusals"] = refusals.finish()
                     if not o["skip_api"]:
                         rows[("api", n)] = [self.api_wave(key, n, o["max_tokens"]) for _ in range(waves)]
+                        if n == 1:  # the same without a client library (devtools/bare_http.py)
+                            rows[("api-bare", n)] = [
+                                self.api_wave(key, n, o["max_tokens"], True) for _ in range(waves)
+                            ]
                 rows["flood"] = self.flood(cookies[0], o["flood_rate"], o["flood_seconds"])
                 per_round.append(rows)
                 self.stderr.write(f"round {r + 1}/{o['rounds']} done")
@@ -257,14 +261,16 @@ class Command(BaseCommand):
 
     # --- paths -------------------------------------------------------------------------------------------------
 
-    def api_wave(self, key: str, n: int, max_tokens: int):
+    def api_wave(self, key: str, n: int, max_tokens: int, bare: bool = False):
         from django.conf import settings
 
         from conversations.models import Message
 
-        wave, ids = asyncio.run(
-            bench.api_wave(self.api_url, key, settings.INFERENCE_DEFAULT_MODEL, n, max_tokens)
-        )
+        model = settings.INFERENCE_DEFAULT_MODEL
+        if bare:
+            wave, ids = asyncio.run(bench.bare_api_wave(self.origin, key, model, n, max_tokens))
+        else:
+            wave, ids = asyncio.run(bench.api_wave(self.api_url, key, model, n, max_tokens))
         stored = dict(Message.objects.filter(pk__in=ids).values_list("id", "ttft_ms"))
         for stream, message_id in zip(wave.streams, ids, strict=True):
             stream.engine_ttft_ms = stored.get(message_id)
@@ -311,16 +317,17 @@ class Command(BaseCommand):
         w("| measure | goal | median [min-max] over rounds |")
         w("|---|---|---|")
         for n in levels:
-            for path in ("page", "api"):
-                if path == "api" and o["skip_api"]:
+            for path in ("page", "api", "api-bare"):
+                if path != "page" and o["skip_api"] or (path, n) not in per_round[0]:
                     continue
                 p50 = [_pct(flat(rows, (path, n)), "added_ms", 50) for rows in per_round]
                 p99 = [_pct(flat(rows, (path, n)), "added_ms", 99) for rows in per_round]
                 goal = "p50 < 15, p99 < 40" if n == 1 else ("p50 < 50" if n == 32 else "-")
-                w(
-                    f"| added TTFT, {path} path, {n} clients, p50 ms | {goal} | {median_range(p50, '{:.1f}')} |"
-                )
-                w(f"| added TTFT, {path} path, {n} clients, p99 ms | | {median_range(p99, '{:.1f}')} |")
+                label = {"page": "page path", "api": "API path", "api-bare": "API path, bare HTTP client"}[
+                    path
+                ]
+                w(f"| added TTFT, {label}, {n} clients, p50 ms | {goal} | {median_range(p50, '{:.1f}')} |")
+                w(f"| added TTFT, {label}, {n} clients, p99 ms | | {median_range(p99, '{:.1f}')} |")
             eng = [_pct(flat(rows, ("engine", n)), "ttft_ms", 50) for rows in per_round]
             w(f"| bare engine TTFT, {n} clients, p50 ms | | {median_range(eng, '{:.1f}')} |")
             stack = [_pct(flat(rows, ("page", n)), "engine_ttft_ms", 50) for rows in per_round]
