@@ -14,7 +14,8 @@ each of those seven an async path that calls a hook in place unless that hook ma
 cache or a file: a session that must be saved, messages that must be stored, a CSRF check of an unsafe
 request's body, CSRF secrets kept in the session. Those still take their thread hop, as before. The sync
 handler (tests' ``Client``, ``manage.py`` tools) is Django's own. ``chatsite.content_security`` does the same for
-django-csp's middleware by subclassing it, which works there because no check looks for its path.
+django-csp's middleware by subclassing it, which works there because no check looks for its path. The same
+reasoning sends ``request_started`` in place (``chatsite.request_started``, lever 41).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.csrf import CsrfViewMiddleware
 from django.middleware.security import SecurityMiddleware
 
+from chatsite import request_started
 from chatsite.in_place_hooks import InPlaceHooks
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -115,6 +117,7 @@ class InlineHooksASGIHandler(ASGIHandler):
         self.switched: list[type] = []
         if not is_async:
             return
+        request_started.install()  # Django's receivers of request_started in place too (lever 41)
         switched_ids = set()
         node = self._middleware_chain
         while node is not None:
