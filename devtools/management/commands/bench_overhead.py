@@ -1,6 +1,7 @@
 """``manage.py bench_overhead``: what the product adds to the engine, against a running stack (``make run``),
 in one run: the bare engine (loaded in this process with the worker's settings), the page path (WebSocket)
-and the API path (SSE) on the same prompts and reply length, at 1, 8 and 32 clients, ``--rounds`` rounds
+and the API path (SSE: the openai SDK, and at one client also a bare HTTP client, ``devtools/bare_http.py``) on
+the same prompts and reply length, at 1, 8 and 32 clients, ``--rounds`` rounds
 (each round runs every path at every level, so drift of a shared machine's load hits them alike), plus
 refusals with the engine saturated and a ``resume`` flood. Prints median [min-max] over rounds for every
 goal row of ``docs/overhead.md``. A benchmark that prints figures, not a test.
@@ -310,10 +311,6 @@ class Command(BaseCommand):
         def flat(rows, key):
             return [s for wave in rows.get(key, []) for s in wave.streams]
 
-        def tps(rows, key):
-            waves = rows.get(key, [])
-            return sum(wv.tokens_per_s for wv in waves) / len(waves) if waves else float("nan")
-
         w("| measure | goal | median [min-max] over rounds |")
         w("|---|---|---|")
         for n in levels:
@@ -337,8 +334,8 @@ class Command(BaseCommand):
             w(f"| client TTFT, page path, {n} clients, p50 ms | | {median_range(client, '{:.1f}')} |")
             vs = [c / e if e else float("nan") for c, e in zip(client, eng, strict=True)]
             w(f"| client TTFT page / bare engine TTFT, {n} clients, p50 | | {median_range(vs, '{:.2f}')} |")
-            bare_tps = [tps(rows, ("engine", n)) for rows in per_round]
-            page_tps = [tps(rows, ("page", n)) for rows in per_round]
+            bare_tps = [tps(rows.get(("engine", n), [])) for rows in per_round]
+            page_tps = [tps(rows.get(("page", n), [])) for rows in per_round]
             w(f"| tok/s, bare engine, {n} clients | | {median_range(bare_tps)} |")
             w(f"| tok/s, page path, {n} clients | | {median_range(page_tps)} |")
             ratio = [p / b if b else float("nan") for p, b in zip(page_tps, bare_tps, strict=True)]
