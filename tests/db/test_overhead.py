@@ -4,6 +4,7 @@ and worker processes are configured with. Real PostgreSQL, Redis and broker; a r
 random-weight Llama (no Celery: ``run_generation`` is what the task calls)."""
 
 import dataclasses
+import re
 import uuid
 
 import pytest
@@ -177,6 +178,36 @@ def test_a_worker_claims_a_reply_with_its_conversation_owner_and_tier_in_one_rou
         names = [f.attname for f in type(orm)._meta.concrete_fields]
         assert [getattr(ours, n) for n in names] == [getattr(orm, n) for n in names]
     assert generation_start(message_id=reply.id) is None  # no longer queued: a redelivered task skips it
+
+
+def test_a_claim_walks_its_branch_by_index_and_never_scans_every_message(alice, redis_clean):
+    """Lever 42: the claim's walk up the branch carries the columns it needs, so nothing joins the walk's ids
+    back to the messages table, which the planner (guessing 100 rows for a recursive CTE) did with a hash join
+    over a sequential scan of every message (the plan's shape, not its timings)."""
+    from conversations.generation_worker import _claim_statement
+    from documents.models import Document
+
+    reply = completions.completion_request(
+        user=alice,
+        model=alice.tier.model_name,
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "How are you?"},
+        ],
+        sampling={},
+    )
+    sql, _ = _claim_statement()
+    params = ["streaming", reply.created_at, "", "", reply.id, "queued", Document.Status.READY]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    # One read of the table each: the claimed row, the walk's first step, its recursive step. The old
+    # statement had a fourth, outside the walk, which a small table's statistics made a full scan.
+    reads = [
+        line for line in plan.splitlines() if re.search(r"Scan (using \S+ )?on conversations_message ", line)
+    ]
+    assert len(reads) == 3, plan
 
 
 @pytest.fixture(scope="module")
