@@ -22,6 +22,20 @@ def http_scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> di
     }
 
 
+async def asgi_messages(app, scope: dict, body: bytes = b"") -> list[dict]:
+    """Every message ``app`` sends for one whole request of ``scope`` and ``body``, in order (the inbox holds
+    the request's body at once, as a server hands it over)."""
+    inbox: asyncio.Queue = asyncio.Queue()
+    inbox.put_nowait({"type": "http.request", "body": body, "more_body": False})
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, inbox.get, send)
+    return sent
+
+
 def completion_scope(key: str, payload: bytes) -> dict:
     """The ASGI ``http`` scope of ``POST /v1/chat/completions`` carrying ``payload`` (a JSON body) with the
     API key ``key``."""

@@ -2,7 +2,6 @@
 runs its hooks in place, and still takes a thread hop, and does its work, where a hook writes (a session
 that changed, a CSRF check of a form post). Requests are driven through the real handler as a server does."""
 
-import asyncio
 import json
 from http.cookies import SimpleCookie
 
@@ -14,7 +13,7 @@ from django.utils.module_loading import import_string
 
 import chatsite.asgi_handler as asgi_handler
 from chatsite.asgi import django_asgi_app
-from tests.db.api_asgi import http_scope
+from tests.db.api_asgi import asgi_messages, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,18 +30,9 @@ def _scope(method: str, path: str, *, body: bytes = b"", cookies: str = "", cont
 def _request(method: str, path: str, **kwargs) -> tuple[int, dict[str, list[str]], bytes]:
     """``(status, headers by lower-case name, body)`` of one request through the production handler."""
 
-    async def run():
-        inbox: asyncio.Queue = asyncio.Queue()
-        inbox.put_nowait({"type": "http.request", "body": kwargs.get("body", b""), "more_body": False})
-        sent = []
-
-        async def send(message):
-            sent.append(message)
-
-        await django_asgi_app(_scope(method, path, **kwargs), inbox.get, send)
-        return sent
-
-    sent = async_to_sync(run)()
+    sent = async_to_sync(asgi_messages)(
+        django_asgi_app, _scope(method, path, **kwargs), kwargs.get("body", b"")
+    )
     start = next(m for m in sent if m["type"] == "http.response.start")
     headers: dict[str, list[str]] = {}
     for name, value in start["headers"]:

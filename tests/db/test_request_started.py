@@ -2,7 +2,6 @@
 receivers run in place on the event loop's thread, with no thread hop before the request is built; any other
 receiver brings back Django's ``asend`` (the hop), and every receiver still runs once per request."""
 
-import asyncio
 import threading
 
 import pytest
@@ -11,27 +10,27 @@ from django.core import signals
 
 import chatsite.request_started as request_started
 from chatsite.asgi import django_asgi_app
-from tests.db.api_asgi import http_scope
+from tests.db.api_asgi import asgi_messages, http_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _get(path: str) -> tuple[int, int]:
-    """``(status, the event loop's thread id)`` of one GET through the production handler."""
+def _get(path: str, receiver=None) -> tuple[int, int]:
+    """``(status, the event loop's thread id)`` of one GET through the production handler, with ``receiver``
+    connected to ``request_started`` for that request when given."""
 
     async def run():
-        inbox: asyncio.Queue = asyncio.Queue()
-        inbox.put_nowait({"type": "http.request", "body": b"", "more_body": False})
-        sent = []
-
-        async def send(message):
-            sent.append(message)
-
-        await django_asgi_app(http_scope("GET", path, []), inbox.get, send)
+        sent = await asgi_messages(django_asgi_app, http_scope("GET", path, []))
         start = next(m for m in sent if m["type"] == "http.response.start")
         return start["status"], threading.get_ident()
 
-    return async_to_sync(run)()
+    if receiver is None:
+        return async_to_sync(run)()
+    signals.request_started.connect(receiver)
+    try:
+        return async_to_sync(run)()
+    finally:
+        signals.request_started.disconnect(receiver)
 
 
 @pytest.fixture
@@ -70,11 +69,7 @@ def test_a_listed_receiver_runs_once_per_request_on_the_event_loops_thread(signa
     monkeypatch.setattr(
         request_started, "IN_PLACE_RECEIVERS", request_started.IN_PLACE_RECEIVERS | {receiver}
     )
-    signals.request_started.connect(receiver)
-    try:
-        status, loop_thread = _get("/healthz")
-    finally:
-        signals.request_started.disconnect(receiver)
+    status, loop_thread = _get("/healthz", receiver)
     assert status == 200
     assert ran_on == [loop_thread]
     assert "sync_send" not in signal_hops
@@ -86,11 +81,7 @@ def test_any_other_receiver_brings_back_djangos_hop_and_still_runs(signal_hops):
     def receiver(sender, **kwargs):
         ran_on.append(threading.get_ident())
 
-    signals.request_started.connect(receiver)
-    try:
-        status, loop_thread = _get("/healthz")
-    finally:
-        signals.request_started.disconnect(receiver)
+    status, loop_thread = _get("/healthz", receiver)
     assert status == 200
     assert len(ran_on) == 1 and ran_on[0] != loop_thread
     assert "sync_send" in signal_hops
@@ -102,10 +93,6 @@ def test_an_async_receiver_brings_back_djangos_send_and_is_awaited(signal_hops):
     async def receiver(sender, **kwargs):
         awaited.append(kwargs["scope"]["path"])
 
-    signals.request_started.connect(receiver)
-    try:
-        assert _get("/healthz")[0] == 200
-    finally:
-        signals.request_started.disconnect(receiver)
+    assert _get("/healthz", receiver)[0] == 200
     assert awaited == ["/healthz"]
     assert "sync_send" in signal_hops
