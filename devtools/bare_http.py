@@ -15,6 +15,23 @@ import json
 from collections.abc import AsyncIterator
 
 
+def completion_body(model: str, prompt: str, max_tokens: int) -> dict:
+    """The benchmarks' streamed, stored chat completion of one user turn ``prompt``, as the JSON body of
+    ``POST /v1/chat/completions`` (and as the openai SDK's ``chat.completions.create`` keyword arguments)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "store": True,
+    }
+
+
+def first_choice(event: dict) -> dict:
+    """A ``chat.completion.chunk`` event's first choice, ``{}`` when it has none (the usage chunk)."""
+    return (event.get("choices") or [{}])[0]
+
+
 class BareHttpConnection:
     """One kept connection to ``origin`` (``http://host:port``); :meth:`open` before timing, :meth:`close`
     after. Not safe for two requests at once: one connection per concurrent stream."""

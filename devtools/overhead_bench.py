@@ -19,6 +19,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from devtools.bare_http import BareHttpConnection, completion_body, first_choice
+
 PROMPTS = [
     "Explain what a KV cache is in two sentences.",
     "Give me three tips for learning to cook.",
@@ -200,13 +202,7 @@ async def page_wave(cookies: list[str], url: str, origin: str, timeout: float = 
 async def _api_reply(client, model: str, prompt: str, max_tokens: int, stream: Stream) -> int:
     clock = _Clock(stream, time.perf_counter())
     completion_id = ""
-    response = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        stream=True,
-        store=True,
-    )
+    response = await client.chat.completions.create(**completion_body(model, prompt, max_tokens))
     async for chunk in response:
         completion_id = chunk.id
         if chunk.choices and chunk.choices[0].delta.content:
@@ -235,19 +231,13 @@ async def api_wave(base_url: str, key: str, model: str, n: int, max_tokens: int)
 
 
 async def _bare_api_reply(conn, key: str, model: str, prompt: str, max_tokens: int, stream: Stream) -> int:
-    payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "store": True,
-    }
+    payload = completion_body(model, prompt, max_tokens)
     completion_id = ""
     try:
         clock = _Clock(stream, time.perf_counter())
         async for event in conn.post_events("/v1/chat/completions", key, payload):
             completion_id = event.get("id", completion_id)
-            choice = (event.get("choices") or [{}])[0]
+            choice = first_choice(event)
             if choice.get("delta", {}).get("content"):
                 clock.token()
             if choice.get("finish_reason"):
@@ -261,8 +251,6 @@ async def bare_api_wave(origin: str, key: str, model: str, n: int, max_tokens: i
     """:func:`api_wave` through :class:`devtools.bare_http.BareHttpConnection` instead of the ``openai`` SDK:
     ``n`` kept connections, opened before the timing, each sending its request's bytes at once and reading
     the chunked SSE body with no HTTP library, so the TTFT is the server's without the client library's work."""
-    from devtools.bare_http import BareHttpConnection
-
     streams = [Stream() for _ in range(n)]
     conns = [BareHttpConnection(origin) for _ in range(n)]
     await asyncio.gather(*(c.open() for c in conns))

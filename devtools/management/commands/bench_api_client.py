@@ -21,7 +21,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from devtools.bare_http import BareHttpConnection
+from devtools.bare_http import BareHttpConnection, completion_body, first_choice
 
 TIER = "bench-api-client"
 
@@ -29,13 +29,7 @@ TIER = "bench-api-client"
 async def _sdk_first_chunk(client, model: str, prompt: str, max_tokens: int) -> float | None:
     """ms from the SDK call to its first content chunk (None when no content came)."""
     started = time.perf_counter()
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        stream=True,
-        store=True,
-    )
+    stream = await client.chat.completions.create(**completion_body(model, prompt, max_tokens))
     first = None
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -47,23 +41,14 @@ async def _raw_first_chunk(
     client, url: str, key: str, model: str, prompt: str, max_tokens: int
 ) -> float | None:
     """ms from the raw POST to the first SSE event carrying content (None when none did)."""
-    body = json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "stream": True,
-            "store": True,
-        }
-    ).encode()
+    body = json.dumps(completion_body(model, prompt, max_tokens)).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     started = time.perf_counter()
     first = None
     async with client.stream("POST", url, content=body, headers=headers) as response:
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                if choices[0].get("delta", {}).get("content"):
+                if first_choice(json.loads(line[6:])).get("delta", {}).get("content"):
                     first = (time.perf_counter() - started) * 1000
     return first
 
@@ -71,18 +56,12 @@ async def _raw_first_chunk(
 async def _bare_first_chunk(conn, key: str, model: str, prompt: str, max_tokens: int) -> float | None:
     """ms from writing the POST on a kept connection to the first SSE event carrying content (None when none
     did): :class:`devtools.bare_http.BareHttpConnection`, no HTTP library."""
-    payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "store": True,
-    }
+    payload = completion_body(model, prompt, max_tokens)
     await conn.open()
     started = time.perf_counter()
     first = None
     async for event in conn.post_events("/v1/chat/completions", key, payload):
-        if first is None and (event.get("choices") or [{}])[0].get("delta", {}).get("content"):
+        if first is None and first_choice(event).get("delta", {}).get("content"):
             first = (time.perf_counter() - started) * 1000
     return first
 
