@@ -197,19 +197,27 @@ class AdaptiveThreads:
     did run): measured on the 2-core box, batch-1 decode fell from ~45 to 0.3-6 tok/s and N=32 from
     ~360 to 13-70 tok/s, while one thread kept ~15-35 and ~150-330 tok/s. So the engine uses
     ``cpus - round(other_cores)`` threads (at least 1), where ``other_cores`` is what other processes used
-    over the last ``interval_s``; it steps down at once and back up only after two calm intervals.
+    over the last ``interval_s``; it steps down at once and back up after ``calm_windows`` calm windows.
+
+    The window is 0.25 s and one calm window steps back up (docs/overhead-levers.md, lever 43). With 0.5 s
+    windows and two calm ones, a web process's burst of admissions (about a core for a few hundred ms) put the
+    engine on one thread for the next 1-1.5 s, most of a 32-token reply's decode, which then ran at about 0.6
+    of the two-thread speed: page-path waves of 32 replies made 393-442 tok/s against 457-493 now (Intel Xeon
+    with AMX, 2 vCPUs, 2026-12-06). Beside a steady neighbour the count is what it was (same thresholds).
 
     Args:
         max_threads: Upper bound (the CPUs this process may use).
         interval_s: Sampling period in seconds.
+        calm_windows: Consecutive windows that must ask for more threads before the count goes back up.
     """
 
     #: Shortest window (s) :meth:`resume` judges on its own; at 100 jiffies a second, 0.1 s is 10 per CPU.
     MIN_WINDOW_S = 0.1
 
-    def __init__(self, max_threads: int, interval_s: float = 0.5) -> None:
+    def __init__(self, max_threads: int, interval_s: float = 0.25, calm_windows: int = 1) -> None:
         self.max_threads = max(1, max_threads)
         self.interval_s = interval_s
+        self.calm_windows = max(1, calm_windows)
         self.current = self.max_threads
         self._monitor = CpuShareMonitor()
         self._next = time.monotonic() + interval_s
@@ -270,7 +278,7 @@ class AdaptiveThreads:
             self._calm = 0
         elif want > self.current:
             self._calm += 1
-            if self._calm < 2:
+            if self._calm < self.calm_windows:
                 return None
             self._calm = 0
         else:
