@@ -113,8 +113,8 @@ class EngineConfig:
         native_kernels: On CPU, run decode and prefill attention, RoPE with the K/V cache writes, and the
             projections of small decode steps in the engine's native kernels (:mod:`inference.engine.kernels`,
             compiled with the system C compiler on first use, cached under ``INFERENCE_KERNEL_DIR``): the
-            attention kernels are ``decode_attention.c`` and ``prefill_attention.c``, RoPE ``rope_cache.c``;
-            one sequence's projections stream the weights
+            attention kernels are ``decode_attention.c`` and ``prefill_attention.c`` (its bf16 paths in
+            ``prefill_attention_bf16.c``), RoPE ``rope_cache.c``; one sequence's projections stream the weights
             (``linear_rows.c``), and weights recovered as GGUF Q4_1/Q8_0 blocks
             (:mod:`inference.engine.block_quant`) are read in that form for steps of up to 8 sequences
             (``linear_blocks.c``); RMSNorm and SiLU-and-multiply run in one call each (``elementwise.c``).

@@ -1,15 +1,15 @@
 """Native CPU kernels of the engine, compiled on first use with the system C compiler and loaded with ctypes.
 
 * :func:`decode_attention` (``decode_attention.c``): attention of one query token per decoding sequence over the
-  slot KV cache; :func:`prefill_attention` (``prefill_attention.c``): causal attention of a step's prefill chunks,
-  tiled; :func:`rope_cache` (``rope_cache.c``): RoPE of the queries and keys with the keys and values written into
-  the cache (:mod:`.attention`).
+  slot KV cache; :func:`prefill_attention` (``prefill_attention.c``, its bf16 paths in ``prefill_attention_bf16.c``):
+  causal attention of a step's prefill chunks, tiled; :func:`rope_cache` (``rope_cache.c``): RoPE of the queries and
+  keys with the keys and values written into the cache (:mod:`.attention`).
 * :func:`linear_rows` (``linear_rows.c``: ``x @ W.T`` for a few rows at memory bandwidth), :func:`linear_blocks`
   (``linear_blocks.c``: the same with the weight in GGUF Q4_1/Q8_0 block form, :mod:`inference.engine.block_quant`),
   :func:`linear_amx` (``linear_amx.c``: bf16 from GGUF blocks on AMX tiles) (:mod:`.linear`); :func:`linear_vnni`
-  (``linear_vnni.c``: bf16 for any rows on AVX512-BF16) and :func:`linear_fma` (``linear_fma.c``: its float32 twin for
-  AVX2/FMA, also from GGUF blocks), both optionally with LlamaMLP's SiLU-and-multiply as their epilogue
-  (:mod:`.linear_tiled`).
+  (``linear_vnni.c``: bf16 for any rows on AVX512-BF16) and :func:`linear_fma` (``linear_fma.c``, packed by
+  ``linear_fma_pack.c``: its float32 twin for AVX2/FMA, also from GGUF blocks), both optionally with LlamaMLP's
+  SiLU-and-multiply as their epilogue (:mod:`.linear_tiled`).
 * :func:`elementwise` (``elementwise.c``): a layer's RMSNorm (with the residual add) and SiLU-and-multiply in one call
   each, and the greedy argmax (:mod:`.elementwise`); :func:`top_p_sampler` (``sampling.c``): temperature, top-k and
   top-p sampling of one token per logits row (:mod:`.top_p`).

@@ -1,6 +1,7 @@
 """The attention kernels' ctypes bindings: :class:`DecodeAttention` (``decode_attention.c``), :class:`PrefillAttention`
-(``prefill_attention.c``) and :class:`RopeCache` (``rope_cache.c``: RoPE with the K/V cache writes). Built and loaded
-with the other kernels by :mod:`inference.engine.kernels.build`; :mod:`inference.engine.kernels` returns them bound.
+(``prefill_attention.c`` and ``prefill_attention_bf16.c``) and :class:`RopeCache` (``rope_cache.c``: RoPE with the
+K/V cache writes). Built and loaded with the other kernels by :mod:`inference.engine.kernels.build`;
+:mod:`inference.engine.kernels` returns them bound.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class DecodeAttention(_AttentionKernel):
 
 
 class PrefillAttention(_AttentionKernel):
-    """``prefill_attention.c`` bound with ctypes: causal attention of a step's prefill chunks over the slot KV cache
-    (tiled with an online softmax, FlashAttention-2; blocks of keys after a query block are skipped).
+    """``prefill_attention.c`` (bf16 on AVX512-BF16 and AMX: ``prefill_attention_bf16.c``) bound with ctypes: causal
+    attention of a step's prefill chunks over the slot KV cache (tiled with an online softmax, FlashAttention-2; blocks
+    of keys after a query block are skipped).
 
     Call with ``q`` ``[tokens, nkv * rep * hd]`` or ``[tokens, nkv * rep, hd]`` (contiguous: the step's rotated
     queries), the layer's ``k_cache`` / ``v_cache`` ``[S, nkv, L, hd]`` (already holding the chunks' own keys and

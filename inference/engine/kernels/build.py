@@ -49,10 +49,12 @@ SOURCES = tuple(
         "linear_amx.c",
         "linear_vnni.c",
         "linear_fma.c",
+        "linear_fma_pack.c",
         "elementwise.c",
         "sampling.c",
         "rope_cache.c",
         "prefill_attention.c",
+        "prefill_attention_bf16.c",
     )
 )
 # -ffast-math at compile time only (vectorised expf from glibc's libmvec, reassociated sums); the link step

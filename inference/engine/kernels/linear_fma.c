@@ -33,6 +33,10 @@
  * 2.31-2.33 s; built for AVX2 there, level with the float panels (57.8-58.5 against 57.1-57.9 ms, 4.35-4.44 against
  * 4.24-4.35 s).
  *
+ * This file holds the register tiles, the work split and the entry points (linear_fma_f32, linear_fma_q8,
+ * linear_fma_q4_1); linear_fma_pack.c the load-time packing (fma_panel, fma_pack_f32, fma_pack_q8, fma_pack_q4_1);
+ * linear_fma.h what differs between AVX2 and AVX-512 (the tile shape, the vector operations).
+ *
  * Layouts (contiguous): x [m, k] float32, wp the packed weight (n * k floats), bias [n] or NULL, y [m, n].
  * Sums over k in order, one FMA per product (so results differ from oneDNN's and MKL's by float rounding).
  * With swiglu set, LlamaMLP's act(gate) * up comes out instead: wp is the fused [gate; up] weight (n = 2I) packed
@@ -44,158 +48,12 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "linear_fma.h"
 #include "tiles.h"
 
-/* The register tile's shape, by vector width: MR = 6 rows by NB panels of PANEL columns. AVX2: panels of 8 columns (one
- * ymm), 6 x 16 sums in 12 of the 16 ymm (BLIS's haswell sgemm). AVX-512: panels of 16 columns (one zmm), 6 x 64 sums
- * in 24 of the 32 zmm, 4 weight loads and 6 broadcasts per 24 FMAs (measured fastest of 12 x 32, 8 x 48 and 6 x 64 on
- * a Zen 5). A work item keeps 64 columns either way. */
-#if defined(__AVX512F__)
-#define PANEL 16
-#define NB 4
-#define ITEM_BLOCKS 1
-#else
-#define PANEL 8
-#define NB 2          /* panels per column block */
-#define ITEM_BLOCKS 4 /* column blocks per work item */
-#endif
-#define MR 6  /* rows per register block */
-#define MC 96 /* rows per chunk: 96 x 1536 floats = 590 KB, within a Zen core's L2; a multiple of MR */
-
-/* The panel width this object was built with: output columns per panel (8 with AVX2, 16 with AVX-512). The packed
- * layouts below depend on it, so the caller reads it rather than assuming one. */
-int fma_panel(void) { return PANEL; }
-
-/* Pack w [n, k] (torch's Linear weight) into panels [n / PANEL][k][PANEL]; n a multiple of PANEL (2 PANEL with
- * swiglu). swiglu: w is [gate; up] and panel 2j of out is gate panel j, panel 2j + 1 up panel j. */
-void fma_pack_f32(const float *w, float *out, int64_t n, int64_t k, int swiglu) {
-    const int64_t panels = n / PANEL;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        const int64_t from = swiglu ? (p % 2) * (panels / 2) + p / 2 : p;
-        for (int64_t j = 0; j < k; j++)
-            for (int64_t c = 0; c < PANEL; c++) out[(p * k + j) * PANEL + c] = w[(from * PANEL + c) * k + j];
-    }
-}
-
-/* Q8_0 blocks (block_quant.BlockWeight: qs [n, k] int8, d [n, k / 32] float32) into the same panel order: qp
- * [n / PANEL][k][PANEL] int8 and dp [n / PANEL][k / 32][PANEL] float32 (one scale per column per block of 32 inputs).
- * n a multiple of PANEL, k of 32. */
-void fma_pack_q8(const int8_t *qs, const float *d, int8_t *qp, float *dp, int64_t n, int64_t k) {
-    const int64_t panels = n / PANEL, nb = k / 32;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        for (int64_t j = 0; j < k; j++)
-            for (int64_t c = 0; c < PANEL; c++) qp[(p * k + j) * PANEL + c] = qs[(p * PANEL + c) * k + j];
-        for (int64_t b = 0; b < nb; b++)
-            for (int64_t c = 0; c < PANEL; c++) dp[(p * nb + b) * PANEL + c] = d[(p * PANEL + c) * nb + b];
-    }
-}
-
-/* Q4_1 blocks (block_quant.BlockWeight: qs [n, k / 2] uint8, per block of 32 inputs byte j holding input j in its low
- * nibble and input j + 16 in its high one; d and mn [n, k / 32] float32) into the panel order: qp [n / PANEL][k][PANEL
- * / 2] uint8, byte c of a row holding column c in its low nibble and column c + PANEL / 2 in its high one, and dp, mp
- * [n / PANEL][k / 32][PANEL] float32. n a multiple of PANEL (2 PANEL with swiglu), k of 32. swiglu: the blocks are
- * [gate; up] and panel 2j is gate panel j, panel 2j + 1 up panel j (as fma_pack_f32). */
-void fma_pack_q4_1(const uint8_t *qs, const float *d, const float *mn, uint8_t *qp, float *dp, float *mp, int64_t n,
-                   int64_t k, int swiglu) {
-    const int64_t panels = n / PANEL, nb = k / 32, half = PANEL / 2;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        const int64_t from = swiglu ? (p % 2) * (panels / 2) + p / 2 : p;
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t b = j / 32, jj = j % 32;
-            for (int64_t c = 0; c < half; c++) {
-                uint8_t nib[2];
-                for (int64_t h = 0; h < 2; h++) {
-                    const uint8_t byte = qs[(from * PANEL + c + h * half) * (k / 2) + b * 16 + jj % 16];
-                    nib[h] = jj < 16 ? (byte & 0x0F) : (byte >> 4);
-                }
-                qp[(p * k + j) * half + c] = (uint8_t)(nib[0] | (nib[1] << 4));
-            }
-        }
-        for (int64_t b = 0; b < nb; b++)
-            for (int64_t c = 0; c < PANEL; c++) {
-                dp[(p * nb + b) * PANEL + c] = d[(from * PANEL + c) * nb + b];
-                mp[(p * nb + b) * PANEL + c] = mn[(from * PANEL + c) * nb + b];
-            }
-    }
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__AVX512F__)
-typedef __m512 vec_t;
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VSTORE(p, v) _mm512_storeu_ps(p, v)
-#define VBROADCAST(p) _mm512_set1_ps(*(p))
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VADD(a, b) _mm512_add_ps(a, b)
-
-/* glibc's libmvec expf for 16 floats (what GCC calls for an AVX-512-vectorised expf loop; linked with -lmvec). */
-__m512 _ZGVeN16v_expf(__m512 x);
-
-/* silu(g) * u = g / (1 + exp(-g)) * u on 16 sums; 0 where g < -88 (silu's limit; there exp(-g) would overflow, and
- * under -ffast-math GCC divides by a reciprocal estimate and a Newton step, which makes 1 / inf NaN). */
-static inline vec_t swiglu_vec(vec_t g, vec_t u) {
-    const __mmask16 live = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-88.f), _CMP_GE_OQ);
-    const __m512 e = _ZGVeN16v_expf(_mm512_maskz_sub_ps(live, _mm512_setzero_ps(), g));
-    return _mm512_maskz_mul_ps(live, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
-}
-
-/* PANEL int8 weights at q times their column's scale: one rounding, as gguf-py's float32 dequantize. */
-static inline vec_t dequant_q8_vec(const int8_t *q, vec_t scale) {
-    const __m128i q8 = _mm_loadu_si128((const __m128i *)q);
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), scale);
-}
-
-/* PANEL Q4_1 weights from PANEL / 2 bytes at q (fma_pack_q4_1's nibble order): q * d + m. q * d is exact in float32
- * (4 bits times a float16's 11), so the one rounding of the FMA is gguf-py's d * q + m bit for bit. */
-static inline vec_t dequant_q4_vec(const uint8_t *q, vec_t d, vec_t m) {
-    const __m128i b = _mm_loadl_epi64((const __m128i *)q), low = _mm_set1_epi8(0x0F);
-    const __m128i nibbles = _mm_unpacklo_epi64(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles)), d, m);
-}
-#else
-typedef __m256 vec_t;
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VSTORE(p, v) _mm256_storeu_ps(p, v)
-#define VBROADCAST(p) _mm256_broadcast_ss(p)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VADD(a, b) _mm256_add_ps(a, b)
-
-/* glibc's libmvec expf for 8 floats (what GCC calls for an AVX2-vectorised expf loop; linked with -lmvec). */
-__m256 _ZGVdN8v_expf(__m256 x);
-
-/* silu(g) * u = g / (1 + exp(-g)) * u on 8 sums; 0 where g < -88 (silu's limit; there exp(-g) would overflow,
- * and under -ffast-math GCC divides by a reciprocal estimate and a Newton step, which makes 1 / inf NaN). */
-static inline vec_t swiglu_vec(vec_t g, vec_t u) {
-    const __m256 live = _mm256_cmp_ps(g, _mm256_set1_ps(-88.f), _CMP_GE_OQ);
-    const __m256 e = _ZGVdN8v_expf(_mm256_and_ps(live, _mm256_sub_ps(_mm256_setzero_ps(), g)));
-    return _mm256_and_ps(live, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u));
-}
-
-/* PANEL int8 weights at q times their column's scale: one rounding, as gguf-py's float32 dequantize. */
-static inline vec_t dequant_q8_vec(const int8_t *q, vec_t scale) {
-    const __m128i q8 = _mm_loadl_epi64((const __m128i *)q);
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale);
-}
-
-/* PANEL Q4_1 weights from PANEL / 2 bytes at q (fma_pack_q4_1's nibble order): q * d + m. q * d is exact in float32
- * (4 bits times a float16's 11), so the one rounding of the FMA is gguf-py's d * q + m bit for bit. */
-static inline vec_t dequant_q4_vec(const uint8_t *q, vec_t d, vec_t m) {
-    int32_t word;
-    memcpy(&word, q, 4);
-    const __m128i b = _mm_cvtsi32_si128(word), low = _mm_set1_epi8(0x0F);
-    const __m128i nibbles = _mm_unpacklo_epi32(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles)), d, m);
-}
-#endif
 
 /* The sums of `rows` rows of x against `panels` panels of wp over all of k, kept in registers (rows x panels
  * vectors), then the epilogue: bias and output at column col0 of y (row stride ldy), or with swiglu (panels == 2:

@@ -1,5 +1,6 @@
 """The packed register-tile linear kernels' ctypes bindings: :class:`LinearVnni` (``linear_vnni.c``, bf16) and
-:class:`LinearFma` (``linear_fma.c``, float32, also from GGUF blocks: :class:`TiledBlocks`).
+:class:`LinearFma` (``linear_fma.c``, packed by ``linear_fma_pack.c``; float32, also from GGUF blocks:
+:class:`TiledBlocks`).
 """
 
 from __future__ import annotations
@@ -150,9 +151,10 @@ class TiledBlocks(NamedTuple):
 
 
 class LinearFma(_PackedLinear):
-    """``linear_fma.c`` bound with ctypes: the packed linear (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the
-    weight in panels of :attr:`panel` output columns, each ``[k, panel]``: 8 with AVX2 (6 x 16 register tiles, BLIS's
-    haswell sgemm shape), 16 on a CPU with AVX-512 (6 x 64 tiles in 24 of the 32 zmm registers).
+    """``linear_fma.c`` (its packing: ``linear_fma_pack.c``) bound with ctypes: the packed linear
+    (:class:`_PackedLinear`) in float32 on AVX2/FMA CPUs, the weight in panels of :attr:`panel` output columns, each
+    ``[k, panel]``: 8 with AVX2 (6 x 16 register tiles, BLIS's haswell sgemm shape), 16 on a CPU with AVX-512 (6 x 64
+    tiles in 24 of the 32 zmm registers).
 
     On a 2-vCPU AVX2 EPYC the default model's projections at 32 rows take 59-79 ms against oneDNN's 75-87 (weights from
     DRAM), and 512 rows are level with oneDNN (the file's header; README, Performance, round 11); on a 2-vCPU Zen 5

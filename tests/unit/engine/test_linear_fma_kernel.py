@@ -1,7 +1,7 @@
-"""The panel-packed float32 linear kernel (inference/engine/kernels/linear_fma.c): its packing is the layout it
-claims, it matches F.linear (and LlamaMLP's SiLU-and-multiply) for every row-block and row-chunk tail and the widths
-its blocks do not divide, it refuses what it does not take, and a float32 runner on such a CPU uses it in place of
-oneDNN for every step past the few-rows kernels."""
+"""The panel-packed float32 linear kernel (inference/engine/kernels/linear_fma.c, packed by linear_fma_pack.c): its
+packing is the layout it claims, it matches F.linear (and LlamaMLP's SiLU-and-multiply) for every row-block and
+row-chunk tail and the widths its blocks do not divide, it refuses what it does not take, and a float32 runner on such
+a CPU uses it in place of oneDNN for every step past the few-rows kernels."""
 
 import copy
 

@@ -1,4 +1,5 @@
-"""The native prefill-attention kernel (``prefill_attention.c``) against torch's SDPA, and in the engine."""
+"""The native prefill-attention kernel (``prefill_attention.c``, ``prefill_attention_bf16.c``) against torch's SDPA,
+and in the engine."""
 
 from __future__ import annotations
 
