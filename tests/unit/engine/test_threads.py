@@ -34,7 +34,8 @@ def test_target_leaves_the_cores_other_processes_use():
 def test_steps_down_at_once_and_up_after_one_calm_window_by_default():
     # Lever 43: a burst beside the engine (a web process admitting sends) costs it one thread for one window
     # after the burst, not two.
-    assert (AdaptiveThreads(2).interval_s, AdaptiveThreads(2).calm_windows) == (0.25, 1)
+    default = AdaptiveThreads(2)
+    assert (default.interval_s, default.calm_windows) == (0.25, 1)
     policy = _policy(2, [0.1, 1.0, 0.9, 0.1, 0.0, 1.0])
     got = [policy.poll() for _ in range(6)]
     assert got == [None, 1, None, 2, None, 1]
