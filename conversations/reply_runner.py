@@ -107,7 +107,10 @@ def run_generation(*, message_id: int, host: WorkerHost | None = None) -> str:
 
 
 def _run(host: WorkerHost, message: Message) -> str:
-    with log_context(user_id=message.conversation.owner_id), host.track(message.id) as request_id:
+    with (
+        log_context(user_id=message.conversation.owner_id),
+        host.track(message.id, lease=False) as request_id,
+    ):
         try:
             return _generate(host, message, request_id)
         except EngineDead as exc:
@@ -210,11 +213,24 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     # the pool, so a worker's queued and decoding replies do not each hold one (DB_POOL_MAX_SIZE).
     close_request_connections()
     recorded = False
-    broadcast.publish(
-        message.id, broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted)
-    )
-    # Stop may have arrived before the request existed in the engine; the flag outlives the pub/sub message.
-    if broadcast.cancel_requested(message.id):
+    # One Redis round trip once the engine has the request: `started`, the reply's lease (taken here, not before
+    # the submit) and whether Stop arrived before the request existed in the engine (the flag outlives the
+    # pub/sub message); docs/overhead-levers.md, lever 44.
+    try:
+        cancelled = broadcast.publish_started(
+            message.id,
+            broadcast.frame_started(message_id=message.id, omitted_messages=context.omitted),
+            lease_holder=host.worker_id,
+        )
+    except REDIS_ERRORS:
+        # Redis is restarting: as for a delta (below), the generation goes on; the heartbeat takes the lease
+        # once Redis is back, within the reaper's recheck (LEASE_RECHECK_S).
+        logger.warning("could not publish the start of message %s", message.id, exc_info=True)
+        cancelled = False
+    except BaseException:
+        handle.cancel()
+        raise
+    if cancelled:
         handle.cancel()
     final: FinishEvent | None = None
     publish_failures = 0

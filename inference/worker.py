@@ -156,12 +156,16 @@ class WorkerHost:
         os.kill(os.getpid(), signal.SIGTERM)
 
     @contextmanager
-    def track(self, message_id: int):
-        """Hold the lease of ``message_id`` while the block runs; yields the engine request id."""
+    def track(self, message_id: int, *, lease: bool = True):
+        """Hold the lease of ``message_id`` while the block runs; yields the engine request id. ``lease``
+        False: the caller takes the lease itself in its first Redis round trip (the reply runner, with its
+        ``started`` frame: ``broadcast.publish_started``, lever 44); the heartbeat refreshes it from the next
+        beat either way, and the lease is released when the block ends."""
         request_id = f"msg-{message_id}"
         with self._lock:
             self._active[message_id] = request_id
-        self._redis.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
+        if lease:
+            self._redis.set(broadcast.lease_key(message_id), self.worker_id, ex=LEASE_TTL_S)
         try:
             yield request_id
         finally:

@@ -1,7 +1,8 @@
 """``events.broadcast.publish`` on the deployed pub/sub channel layer: the replay stream (or the progress key)
 and the group's frame go out in one Redis pipeline from the calling thread, in that order, and a consumer in
 the reply's group receives the frame as channels_redis delivers any group message; on another layer the group
-send takes the layer's own path (docs/overhead-levers.md, lever 14). Real Redis."""
+send takes the layer's own path (docs/overhead-levers.md, lever 14). ``publish_to_user`` sends from the calling
+thread too (lever 45). Real Redis."""
 
 import asyncio
 
@@ -90,3 +91,19 @@ async def test_on_the_list_layer_the_frame_takes_the_layers_own_group_send(redis
 
     assert await asyncio.wait_for(layer.receive(channel), timeout=5) == {"type": "chat.frame", "frame": frame}
     await layer.group_discard(broadcast.message_group(MESSAGE_ID), channel)
+
+
+@pytest.mark.asyncio
+async def test_a_frame_to_a_users_sockets_goes_out_from_the_calling_thread(redis_clean, no_layer_loop):
+    """``publish_to_user`` (tab sync, session ends) on the pub/sub layer: the group's PUBLISH from the caller's
+    thread, received as the layer's own group send delivers it (lever 45)."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(broadcast.user_group(4242), channel)
+    frame = broadcast.frame_conversation(kind="messages", conversation_id=7, title="Hello")
+
+    await asyncio.to_thread(broadcast.publish_to_user, 4242, frame, session="verify")
+
+    event = await asyncio.wait_for(layer.receive(channel), timeout=5)
+    assert event == {"type": "user.event", "frame": frame, "session": "verify"}
+    await layer.group_discard(broadcast.user_group(4242), channel)
