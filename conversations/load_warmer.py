@@ -8,8 +8,9 @@ load those reads, each on a fresh connection and queued for a thread, were most 
 this process has sockets, or API clients (:func:`api_request_seen`), that asked for admission in the last
 ``IDLE_S``, one task on its event loop runs, on a thread of its own every quarter of
 ``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what is older than half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
-queue figures of their tiers' models) and :func:`accounts.sessions.sessions_current` (every open socket's
-session in two queries). So a refusal is decided, and its socket's session known valid, from memory on the
+queue figures of their tiers' models), :func:`accounts.sessions.sessions_current` (every open socket's
+session in two queries) and :func:`conversations.recall.new_conversation_wanted_warm` (whether a send of theirs
+that starts a conversation will read its question's vector, one query; lever 46). So a refusal is decided, and its socket's session known valid, from memory on the
 event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, and a
 miss still reads it on the spot. A frame whose session a pass found current within that time (a ``send``
 included) reads no session of its own; otherwise it checks on the spot (docs/overhead-levers.md, lever 16).
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 
 from accounts.sessions import sessions_current
-from conversations import load
+from conversations import load, recall
 from database.connections import db_call
 
 logger = logging.getLogger(__name__)
@@ -101,11 +102,16 @@ def _api_users_recent(now: float) -> set[int]:
 
 
 def warm_once() -> None:
-    """One pass: the admission figures of the open sockets' users and of recent API clients, and, when older
-    than half ``ADMISSION_LOAD_CACHE_S``, every open socket's session."""
+    """One pass: the admission figures of the open sockets' users and of recent API clients, the sockets'
+    users' answer to "would a new conversation read its question's vector", and, when older than half
+    ``ADMISSION_LOAD_CACHE_S``, every open socket's session."""
     global _sessions_read_at
     pairs = list(_sockets)
-    load.warm(user_ids={user_id for _, user_id in pairs} | _api_users_recent(time.monotonic()))
+    socket_users = {user_id for _, user_id in pairs}
+    load.warm(user_ids=socket_users | _api_users_recent(time.monotonic()))
+    # Whether a send that starts a conversation will read its question's vector (lever 46; the API's key read
+    # says so itself, lever 40).
+    recall.new_conversation_wanted_warm(user_ids=socket_users)
     started = time.monotonic()
     if started - _sessions_read_at >= settings.ADMISSION_LOAD_CACHE_S / 2:
         current = sessions_current(pairs=pairs)

@@ -6,9 +6,11 @@ this module only knows which messages a reply's window holds and where a reply's
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from conversations.context import AssembledContext, ContextTooLong, assemble_context
@@ -111,6 +113,48 @@ def new_conversation_vector_wanted_sql(user_sql: str) -> str:
     statement that reads the user anyway: the API's key read (``api.selectors``, lever 40). The caller leaves it
     out while ``MEMORY_ENABLED`` is off."""
     return f"({_memory_on_sql(user_sql)})"
+
+
+# user id -> (monotonic time read, whether a reply in a new conversation would read its question's vector)
+_new_conversation_wanted: dict[int, tuple[float, bool]] = {}
+
+
+def new_conversation_wanted_warm(*, user_ids) -> None:
+    """Read :func:`question_vector_wanted` for a new conversation of each of ``user_ids`` whose figure is older
+    than half ``ADMISSION_LOAD_CACHE_S``, all in one statement; called by the admission warmer's pass for the
+    users of this process's open sockets (``conversations.load_warmer``), so that a page ``send`` that starts a
+    conversation answers it from memory (:func:`new_conversation_wanted_cached`) instead of its own round trip
+    before the transaction: lever 40 did the same for the API through its key read (docs/overhead-levers.md,
+    lever 46). Nothing to read while ``MEMORY_ENABLED`` is off (files need a conversation)."""
+    if not settings.MEMORY_ENABLED:
+        return
+    now = time.monotonic()
+    refresh_after = settings.ADMISSION_LOAD_CACHE_S / 2
+    stale = [
+        uid
+        for uid in user_ids
+        if now - _new_conversation_wanted.get(uid, (float("-inf"), False))[0] >= refresh_after
+    ]
+    if not stale:
+        return
+    table = get_user_model()._meta.db_table
+    sql = f'SELECT u.id, {new_conversation_vector_wanted_sql("u.id")} FROM "{table}" u WHERE u.id = ANY(%s)'
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [stale])
+        rows = cursor.fetchall()
+    for user_id, wanted in rows:
+        _new_conversation_wanted[user_id] = (now, bool(wanted))
+
+
+def new_conversation_wanted_cached(user_id: int) -> bool | None:
+    """What :func:`new_conversation_wanted_warm` read for ``user_id`` less than ``ADMISSION_LOAD_CACHE_S`` ago
+    (the admission figures' staleness bound), else None. A stale answer costs no correctness, only the prefetch:
+    a False that turned True (a first embedded turn, memory switched on) leaves the vector to recall, which
+    embeds the question itself before the prefill; a True that turned False asks for a vector nobody reads."""
+    read = _new_conversation_wanted.get(user_id)
+    if read is None or time.monotonic() - read[0] >= settings.ADMISSION_LOAD_CACHE_S:
+        return None
+    return read[1]
 
 
 def question_vector_wanted(*, user_id: int, conversation_id: int | None) -> bool:

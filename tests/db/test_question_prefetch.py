@@ -1,6 +1,7 @@
 """The question's vector is prefetched for a queued reply only where something will read it: recall (memory
 on and an embedded turn to recall) or a conversation's ready file. Each prefetch is a model call on the
-embeddings worker, which shares the CPU with the engine (docs/overhead.md). Real database, Redis and broker."""
+embeddings worker, which shares the CPU with the engine (docs/overhead.md). A page send that starts a
+conversation takes the admission warmer's answer (lever 46). Real database, Redis and broker."""
 
 import numpy as np
 import pytest
@@ -168,3 +169,74 @@ def test_an_api_key_read_for_a_tier_without_memory_says_no(alice, asker):
     embedded_turn(alice)
     Tier.objects.filter(pk=alice.tier_id).update(memory_budget_tokens=0)
     assert api_key_user(raw_key=api_key_create(user=alice, name="k")[1]).question_vector_wanted is False
+
+
+@pytest.fixture
+def no_warm_answers():
+    from conversations import recall
+
+    recall._new_conversation_wanted.clear()
+    yield recall
+    recall._new_conversation_wanted.clear()
+
+
+@pytest.mark.parametrize(
+    "turn, account_memory, expected", [(True, True, True), (False, True, False), (True, False, False)]
+)
+def test_a_send_that_starts_a_conversation_takes_the_warmers_answer_and_runs_no_statement_for_it(
+    alice, asker, no_warm_answers, turn, account_memory, expected
+):
+    """The admission warmer's pass for an open socket's user reads what ``question_vector_wanted`` would
+    answer for a new conversation (lever 46), so the send runs no statement of its own for it and still
+    prefetches exactly when recall would read the vector."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations import load_warmer
+
+    if turn:
+        embedded_turn(alice)
+    AccountMemory.objects.update_or_create(user=alice, defaults={"enabled": account_memory})
+    socket = {"session_key": "warm-prefetch", "user_id": alice.pk}
+    load_warmer.socket_opened(**socket)
+    try:
+        load_warmer.warm_once()
+    finally:
+        load_warmer.socket_closed(**socket)
+    assert no_warm_answers.new_conversation_wanted_cached(alice.pk) is expected
+    with CaptureQueriesContext(connection) as queries:
+        asked, _reply = asker("What is my cat called?")
+    assert not any("memory_chunk" in q["sql"] for q in queries.captured_queries)
+    assert asked == (["What is my cat called?"] if expected else [])
+
+
+def test_a_warm_answer_older_than_the_admission_figures_is_read_again(
+    alice, asker, no_warm_answers, settings
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    no_warm_answers.new_conversation_wanted_warm(user_ids={alice.pk})  # nothing to recall yet: False
+    assert no_warm_answers.new_conversation_wanted_cached(alice.pk) is False
+    embedded_turn(alice)
+    settings.ADMISSION_LOAD_CACHE_S = 0.0
+    assert no_warm_answers.new_conversation_wanted_cached(alice.pk) is None
+    with CaptureQueriesContext(connection) as queries:
+        asked, _reply = asker("What is my cat called?")
+    assert any("memory_chunk" in q["sql"] for q in queries.captured_queries)  # asked on the spot
+    assert asked == ["What is my cat called?"]
+
+
+def test_a_follow_up_in_a_stored_conversation_still_asks_on_the_spot(alice, asker, no_warm_answers):
+    """The warm answer is a new conversation's: a stored one may have its own files and memory switch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    no_warm_answers.new_conversation_wanted_warm(user_ids={alice.pk})
+    _asked, reply = asker("Hello")
+    ConversationMemory.objects.create(conversation_id=reply.conversation_id, enabled=False)
+    embedded_turn(alice)
+    with CaptureQueriesContext(connection) as queries:
+        asked, _reply = asker("What is my cat called?", conversation_id=reply.conversation_id)
+    assert any("memory_chunk" in q["sql"] for q in queries.captured_queries)
+    assert asked == []  # the conversation's own switch is off
