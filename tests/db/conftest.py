@@ -100,3 +100,16 @@ def api_logs():
     yield handler.records
     logger.removeHandler(handler)
     logger.setLevel(previous)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A started engine over the tiny random-weight Llama (``tests/db/tiny_model.py``), 4 sequences, one CPU
+    thread, shared by a module's tests: what ``WorkerHost(engine)`` and ``run_generation`` run replies on."""
+    from inference.engine import EngineConfig, LLMEngine
+    from tests.db.tiny_model import tiny_loaded_model
+
+    engine = LLMEngine(tiny_loaded_model(), EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
+    engine.start()
+    yield engine
+    engine.shutdown()

@@ -15,13 +15,11 @@ from billing.models import Tier, UsageRecord
 from conversations import completions, generations
 from conversations.models import Conversation, Message
 from conversations.reply_runner import run_generation
-from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
 from memory.models import Chunk
 from memory.services import account_memory_set
 from tests.conftest import broker_take
 from tests.db.deployed import run_deployed
-from tests.db.tiny_model import tiny_loaded_model
 
 pytestmark = pytest.mark.django_db
 
@@ -208,14 +206,6 @@ def test_a_claim_walks_its_branch_by_index_and_never_scans_every_message(alice, 
         line for line in plan.splitlines() if re.search(r"Scan (using \S+ )?on conversations_message ", line)
     ]
     assert len(reads) == 3, plan
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = LLMEngine(tiny_loaded_model(), EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
-    engine.start()
-    yield engine
-    engine.shutdown()
 
 
 def _writes_of_a_reply(user, host, max_reply_tokens: int) -> tuple[Message, list[str]]:

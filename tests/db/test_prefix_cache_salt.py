@@ -7,19 +7,9 @@ import pytest
 from conversations import generations
 from conversations.models import Conversation, Message
 from conversations.reply_runner import run_generation
-from inference.engine import EngineConfig, LLMEngine
 from inference.worker import WorkerHost
-from tests.db.tiny_model import tiny_loaded_model
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = LLMEngine(tiny_loaded_model(), EngineConfig(max_num_seqs=4, device="cpu", num_threads=1))
-    engine.start()
-    yield engine
-    engine.shutdown()
 
 
 def _reply(user, conversation_id, content, host) -> Message:
