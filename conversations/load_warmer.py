@@ -2,18 +2,19 @@
 and its recent API clients.
 
 Admission's inputs are cached ``ADMISSION_LOAD_CACHE_S`` (1 s) per process (:mod:`conversations.load`), and a
-user's tier is cached per user. A user who sends less often than that (everyone: the page backs off 10 s or
-more after a refusal) missed the cache at every send, and each frame's session check read PostgreSQL; under
-load those reads, each on a fresh connection and queued for a thread, were most of the refusal time. While
-this process has sockets, or API clients (:func:`api_request_seen`), that asked for admission in the last
-``IDLE_S``, one task on its event loop runs, on a thread of its own every quarter of
-``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what is older than half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet and
-queue figures of their tiers' models), :func:`accounts.sessions.sessions_current` (every open socket's
-session in two queries) and :func:`conversations.recall.new_conversation_wanted_warm` (whether a send of theirs
-that starts a conversation will read its question's vector, one query; lever 46). So a refusal is decided, and its socket's session known valid, from memory on the
-event loop. Freshness is unchanged: a figure is at most ``ADMISSION_LOAD_CACHE_S`` old when used, and a
-miss still reads it on the spot. A frame whose session a pass found current within that time (a ``send``
-included) reads no session of its own; otherwise it checks on the spot (docs/overhead-levers.md, lever 16).
+user's tier is cached per user. A user who sends less often than that (everyone: the page backs off 10 s or more
+after a refusal) missed the cache at every send, and each frame's session check read PostgreSQL; under load those
+reads, each on a fresh connection and queued for a thread, were most of the refusal time. While this process has
+sockets, or API clients (:func:`api_request_seen`), that asked for admission in the last ``IDLE_S``, one task on
+its event loop runs, on a thread of its own every quarter of ``ADMISSION_LOAD_CACHE_S``, a pass that re-reads what
+is older than half of it: :func:`conversations.load.warm` (one query for all those users' tier ids, then the fleet
+and queue figures of their tiers' models), :func:`accounts.sessions.sessions_current` (every open socket's session
+in two queries) and :func:`conversations.recall.new_conversation_wanted_warm` (whether a send of theirs that starts
+a conversation will read its question's vector, one query; lever 46). So a refusal is decided, and its socket's
+session known valid, from memory on the event loop. Freshness is unchanged: a figure is at most
+``ADMISSION_LOAD_CACHE_S`` old when used, and a miss still reads it on the spot. A frame whose session a pass found
+current within that time (a ``send`` included) reads no session of its own; otherwise it checks on the spot
+(docs/overhead-levers.md, lever 16).
 """
 
 from __future__ import annotations
