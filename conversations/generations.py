@@ -193,13 +193,8 @@ def reply_request(
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
     # The question's vector for recall, asked for now (where anything will read it): its embedding
     # overlaps the transaction below.
-    # For a new conversation the admission warmer has usually read whether the vector is wanted (lever 46).
     recall.question_prefetch(
-        user=user,
-        conversation_id=conversation_id,
-        question=content.strip(),
-        at_once=True,
-        wanted=recall.new_conversation_wanted_cached(user.pk) if conversation_id is None else None,
+        user=user, conversation_id=conversation_id, question=content.strip(), at_once=True
     )
     try:
         with tracing.span("db.transaction"), transaction.atomic():

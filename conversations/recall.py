@@ -84,10 +84,13 @@ def question_prefetch(
     then overlaps admission and storage too) or after the current transaction commits. Skipped where nothing
     would read the vector: a tier without memory, an empty question, or a conversation where neither recall
     nor a file's passages can use it (:func:`question_vector_wanted`, one round trip, or ``wanted`` where the
-    caller read that already: an API request's key read has it for a new conversation, lever 40). Returns
-    whether it was asked for."""
+    caller read that already: an API request's key read has it for a new conversation, lever 40; for a page's
+    new conversation the admission warmer has usually read it, :func:`new_conversation_wanted_cached`, lever
+    46). Returns whether it was asked for."""
     if user.tier.memory_budget_tokens <= 0 or not question.strip():
         return False
+    if wanted is None and conversation_id is None:
+        wanted = new_conversation_wanted_cached(user.pk)
     if wanted is None:
         wanted = question_vector_wanted(user_id=user.pk, conversation_id=conversation_id)
     if not wanted:
