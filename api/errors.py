@@ -56,17 +56,18 @@ def _retry_after(seconds: float | None) -> str:
     return str(max(1, math.ceil(seconds or 1)))
 
 
-def rate_limit_headers(*, user) -> dict[str, str]:
+def rate_limit_headers(*, user, usage: dict | None = None) -> dict[str, str]:
     """``x-ratelimit-*-requests`` from django-ratelimit's counter of the ``generation`` group (key
-    ``user:<pk>``, the one admission control counts), read without incrementing it."""
-    limit = user.tier.requests_per_minute
-    usage = get_usage(
-        None,
-        group="generation",
-        key=lambda group, request: f"user:{user.pk}",
-        rate=f"{limit}/m",
-        increment=False,
-    )
+    ``user:<pk>``, the one admission control counts): ``usage`` as admission counted it
+    (``Admission.rate_usage``, no read: docs/overhead-levers.md lever 49), else read without incrementing it."""
+    if usage is None:
+        usage = get_usage(
+            None,
+            group="generation",
+            key=lambda group, request: f"user:{user.pk}",
+            rate=f"{user.tier.requests_per_minute}/m",
+            increment=False,
+        )
     if not usage:
         return {}
     return {

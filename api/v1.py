@@ -100,7 +100,7 @@ def _submit(user, chat: ChatRequest) -> Message:
             api_metadata=chat.metadata,
         )
         # As OpenAI does on every response, so clients can pace themselves before they hit a 429.
-        reply.rate_limit_headers = rate_limit_headers(user=user)
+        reply.rate_limit_headers = rate_limit_headers(user=user, usage=reply.rate_usage)
         return reply
     except AdmissionRefused as refused:
         raise from_admission(refused, user=user) from refused

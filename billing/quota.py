@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from billing.models import DailyQuota, PoolDailyQuota, QuotaGrant, QuotaReservation
 from billing.subscriptions import organization_granted
-from database.sql import fetch_one
+from database.sql import fetch_one, instance_from_row
 
 
 class QuotaExceeded(Exception):
@@ -190,6 +190,56 @@ ON CONFLICT (user_id, day) DO UPDATE SET reserved_tokens = q.reserved_tokens + E
  WHERE q.used_tokens <= %(limit)s + q.granted_tokens - q.reserved_tokens - %(tokens)s
 RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens
 """
+
+#: :func:`_upsert_reserve`'s upsert as a ``WITH`` item named ``reserve``, for another statement to carry
+#: (admission's read of the user, ``conversations.admission_reads``: one round trip less per admitted reply,
+#: docs/overhead-levers.md lever 48). It reserves only for a user in no team (a member draws from the pool:
+#: :func:`quota_reserve`); parameters ``%(user)s``, ``%(day)s``, ``%(limit)s``, ``%(tokens)s``
+#: (:func:`carried_reserve_params`); it returns a row of :data:`CARRIED_RESERVE_COLUMNS` columns when it
+#: reserved, none when it refused or the user is a member (:func:`carried_reserve_outcome` tells them apart).
+CARRIED_RESERVE_SQL = f"""reserve AS (
+INSERT INTO {DailyQuota._meta.db_table} AS q (user_id, day, used_tokens, reserved_tokens, granted_tokens)
+SELECT %(user)s, %(day)s, 0, %(tokens)s, 0
+ WHERE NOT EXISTS (SELECT 1 FROM organizations_membership WHERE user_id = %(user)s)
+ON CONFLICT (user_id, day) DO UPDATE SET reserved_tokens = q.reserved_tokens + EXCLUDED.reserved_tokens
+ WHERE q.used_tokens <= %(limit)s + q.granted_tokens - q.reserved_tokens - %(tokens)s
+RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens)"""
+CARRIED_RESERVE_COLUMNS = 6
+
+
+def carried_reserve_params(*, user, tokens: int, day: date | None = None) -> dict | None:
+    """:data:`CARRIED_RESERVE_SQL`'s parameters for reserving ``tokens`` of ``user``'s quota on ``day``
+    (default today), or None when the carried upsert cannot decide it: ``tokens`` above the tier's daily
+    limit, where only a grant makes room (:func:`quota_reserve` handles that). Raises ``ValueError`` for
+    ``tokens`` <= 0."""
+    if tokens <= 0:
+        raise ValueError("a reservation holds at least one token")
+    limit = user.tier.tokens_per_day
+    if tokens > limit:
+        return None
+    return {"user": user.pk, "day": day or quota_day(), "limit": limit, "tokens": tokens}
+
+
+def carried_reserve_outcome(*, user, params: dict, membership, row: tuple) -> DailyQuota:
+    """What :func:`quota_reserve` returns or raises, from :data:`CARRIED_RESERVE_SQL` run with ``params`` in
+    the caller's statement (inside the transaction that stores the reply). ``membership``: the user's
+    :data:`MEMBERSHIP_SQL` row read in the same statement (None: no team); ``row``: the statement's
+    :data:`CARRIED_RESERVE_COLUMNS` columns (all None when the item returned no row). A member's
+    reservation is made here by :func:`quota_reserve` (the item left it alone). Raises
+    :class:`QuotaExceeded` when the item refused (the row exists then: the upsert's conflict branch)."""
+    tokens, day = params["tokens"], params["day"]
+    if membership is not None:
+        return quota_reserve(user=user, tokens=tokens, day=day, membership=membership)
+    if row[0] is not None:
+        return instance_from_row(DailyQuota, _CARRIED_FIELDS, row)
+    current = DailyQuota.objects.get(user_id=user.pk, day=day)
+    raise QuotaExceeded(remaining=_status(current, day=day, limit=params["limit"]).remaining, needed=tokens)
+
+
+_CARRIED_FIELDS = tuple(
+    DailyQuota._meta.get_field(name)
+    for name in ("id", "user", "day", "used_tokens", "reserved_tokens", "granted_tokens")
+)
 
 
 def _upsert_reserve(*, user_id: int, day: date, limit: int, tokens: int) -> DailyQuota | None:

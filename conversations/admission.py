@@ -12,7 +12,8 @@ order (the cheap fleet read first, so refusals under overload take milliseconds)
    first and admitted again, automatically, once the wait falls back under it). A tier with a
    ``degrade_to_model`` moves to that model while its own model's wait is above ``degrade_after_wait_s``.
 2. Concurrent generations per user -> ``too_many_generations``.
-3. Requests per minute (django-ratelimit's fixed window over the Redis cache) -> ``rate_limited``.
+3. Requests per minute (django-ratelimit's fixed window over the Redis cache, ``conversations/rate_window.py``)
+   -> ``rate_limited``.
 4. Daily token quota -> ``quota_exceeded``: inside a transaction the quota is *reserved* (prompt upper
    bound + reply limit, ``billing/quota.py``) and settled when the reply ends.
 """
@@ -26,25 +27,21 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django_ratelimit.core import get_usage
 
 from billing.models import DailyQuota
 from billing.quota import (
-    MEMBERSHIP_SQL,
     QuotaExceeded,
+    carried_reserve_outcome,
+    carried_reserve_params,
     quota_hold_row,
     quota_reserve,
     quota_status,
 )
 from billing.selectors import seconds_until_tomorrow
 from conversations import load
+from conversations.admission_reads import user_admission_reads_reserving
 from conversations.models import Message
-from conversations.selectors import (
-    ACTIVE_REPLIES_SQL,
-    PLACE_IN_LINE_SQL,
-    active_replies_params,
-    place_in_line_params,
-)
+from conversations.rate_window import rate_hit
 from database.sql import fetch_one
 from inference.registry import models_for_tier
 
@@ -81,6 +78,9 @@ class Admission:
     #: Replies of ``model_name`` queued ahead of this one when it was admitted (its place in line less one,
     #: read in admission's statement: docs/overhead-levers.md, lever 30); None when admission did not read it.
     queued_ahead: int | None = None
+    #: The per-minute counter as this admission left it (``conversations.rate_window.rate_hit``'s dict; None
+    #: when rate limiting is off): the API's ``x-ratelimit-*`` headers, with no read of their own (lever 49).
+    rate_usage: dict | None = None
 
     def reservation_row(self):
         """The unsaved ``QuotaReservation`` that ties the quota reservation to the reply it admitted (so the
@@ -289,41 +289,6 @@ def load_gate_for_user(*, user, model_name: str = "") -> tuple[str, float, bool]
     return load_gate(tier=user.tier, model_name=model_name)
 
 
-def _user_reads_sql(*extra_columns: str) -> str:
-    """:func:`user_admission_reads`' one statement: the user's active replies and team membership, each the
-    fixed statement its owner runs alone (``conversations.selectors``, ``billing.quota``), then
-    ``extra_columns``, read in one round trip."""
-    extra = "".join(f", ({sql})" for sql in extra_columns)
-    return f"""
-SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap{extra}
-  FROM (SELECT 1) AS one LEFT JOIN ({MEMBERSHIP_SQL}) AS mb ON true
-"""
-
-
-_USER_READS_SQL = _user_reads_sql()
-#: The same, with the replies queued ahead of the one being admitted (its place in line, lever 30).
-_USER_READS_AND_PLACE_SQL = _user_reads_sql(PLACE_IN_LINE_SQL)
-
-
-def user_admission_reads(
-    *, user, place_in_line_of: str | None = None
-) -> tuple[int, tuple[int, int | None] | None, int | None]:
-    """``(active replies, membership, queued ahead)`` of ``user`` in one statement (docs/overhead.md, levers
-    28 and 30; three before): how many of the user's replies are queued or streaming
-    (``selectors.active_generation_count``); the user's team membership ``(organization_id,
-    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again; and, for
-    ``place_in_line_of`` (a model name), how many replies of that model are queued ahead of a new reply of
-    the user's tier (``reply_dispatch.queue_position`` of a reply not stored yet, less one), else None."""
-    params = {**active_replies_params(user), "user": user.pk}
-    if place_in_line_of is None:
-        active, organization_id, cap = fetch_one(_USER_READS_SQL, params)
-        ahead = None
-    else:
-        params |= place_in_line_params(model_name=place_in_line_of, priority=user.tier.queue_priority)
-        active, organization_id, cap, ahead = fetch_one(_USER_READS_AND_PLACE_SQL, params)
-    return active, None if organization_id is None else (organization_id, cap), ahead
-
-
 def admission_check(
     *,
     user,
@@ -343,8 +308,13 @@ def admission_check(
     model are queued ahead (``Admission.queued_ahead``), in the same statement as the concurrency count."""
     tier = user.tier
     model_name, wait, degraded = load_gate(tier=tier, model_name=model_name)
-    active, membership, ahead = user_admission_reads(
-        user=user, place_in_line_of=model_name if place_in_line else None
+    bound = tier.max_context_tokens if prompt_tokens_bound is None else prompt_tokens_bound
+    needed = max(1, min(tier.max_context_tokens, bound + tier.max_reply_tokens))
+    reserving = transaction.get_connection().in_atomic_block
+    # The reservation rides in the read's statement (lever 48); a refusal below rolls it back with the rest.
+    carried = carried_reserve_params(user=user, tokens=needed) if reserving else None
+    active, membership, ahead, reserved = user_admission_reads_reserving(
+        user=user, place_in_line_of=model_name if place_in_line else None, reserve=carried
     )
     if active >= tier.max_concurrent_generations:
         raise AdmissionRefused(
@@ -352,25 +322,24 @@ def admission_check(
             f"Your plan allows {tier.max_concurrent_generations} reply at a time; wait for the current one.",
             retry_after=settings.ADMISSION_RETRY_AFTER_S,
         )
-    usage = get_usage(
-        None,
-        group="generation",
-        key=lambda group, request: f"user:{user.pk}",
-        rate=f"{tier.requests_per_minute}/m",
-        increment=True,
-    )
+    usage = rate_hit(group="generation", value=f"user:{user.pk}", rate=f"{tier.requests_per_minute}/m")
     if usage and usage["should_limit"]:
         raise AdmissionRefused(
             "rate_limited",
             f"Your plan allows {tier.requests_per_minute} messages per minute.",
             retry_after=max(1, usage["time_left"]),
         )
-    bound = tier.max_context_tokens if prompt_tokens_bound is None else prompt_tokens_bound
-    needed = max(1, min(tier.max_context_tokens, bound + tier.max_reply_tokens))
-    admission = Admission(model_name=model_name, degraded=degraded, expected_wait_s=wait, queued_ahead=ahead)
-    if transaction.get_connection().in_atomic_block:
+    admission = Admission(
+        model_name=model_name, degraded=degraded, expected_wait_s=wait, queued_ahead=ahead, rate_usage=usage
+    )
+    if reserving:
         try:
-            admission.quota = quota_reserve(user=user, tokens=needed, membership=membership)
+            if carried is None:
+                admission.quota = quota_reserve(user=user, tokens=needed, membership=membership)
+            else:
+                admission.quota = carried_reserve_outcome(
+                    user=user, params=carried, membership=membership, row=reserved
+                )
         except QuotaExceeded as exc:
             raise _quota_refusal(tier, remaining=exc.remaining, needed=needed) from exc
         admission.reserved_tokens = needed

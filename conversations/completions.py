@@ -13,12 +13,11 @@ from typing import Any
 
 from django.db import transaction
 
-from conversations import generations, moderation, recall
+from conversations import moderation, recall, reply_control
 from conversations.admission import load_gate, prompt_tokens_bound_for_texts
 from conversations.models import Conversation, Message
 from conversations.reply_dispatch import reply_admit, reply_dispatch
-from conversations.services import message_chain_create, message_create, title_from_content
-from database.sql import insert_instance
+from conversations.services import conversation_new, message_chain_create, message_create, title_from_content
 
 
 def completion_request(
@@ -43,7 +42,8 @@ def completion_request(
     The caller has checked that ``user``'s tier may use ``model``. Raises ``AdmissionRefused`` (nothing
     stored), ``moderation.ContentBlocked`` when the input chain blocks the request's user turns (checked
     before admission; with ``store`` the conversation is kept with its last user turn marked ``blocked``,
-    without it only the verdict, holding the text for staff review). Returns the queued reply.
+    without it only the verdict, holding the text for staff review). Returns the queued reply, with
+    ``rate_usage`` set: the per-minute counter as admission left it (``Admission.rate_usage``).
     """
     system_prompt = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     turns = [m for m in messages if m["role"] != "system"]
@@ -79,10 +79,9 @@ def completion_request(
             model_name=routed,
             place_in_line=False,  # an API stream has no place in line
         )
-        conversation = insert_instance(  # a fixed insert, as the chat's (lever 27)
-            Conversation(
-                owner=user, title=title_from_content(first_user), system_prompt=system_prompt, stored=store
-            )
+        # Stored with the turns below, in their statement (lever 47).
+        conversation = conversation_new(
+            owner=user, title=title_from_content(first_user), system_prompt=system_prompt, stored=store
         )
         # Each turn follows the previous one on the branch tree (issue 12), so the reply's context (its
         # ancestors) holds every turn of the request: the turns and the reply are one chain, stored in one
@@ -117,6 +116,7 @@ def completion_request(
         if last_user is None:  # no user turn: the verdict is stored on its own, for no message
             moderation.input_record(verdict=verdict, user=user, message=None, text=user_text)
         reply_dispatch(message=reply)
+    reply.rate_usage = admission.rate_usage  # the API's x-ratelimit-* headers (lever 49)
     return reply
 
 
@@ -143,11 +143,11 @@ def _store_blocked(*, user, verdict, turns, system_prompt: str, store: bool) -> 
 
 
 def completion_cancel(*, user, message_id: int) -> Message:
-    """Cancel an API completion whose client went away (:func:`generations.reply_cancel`: a queued reply
+    """Cancel an API completion whose client went away (:func:`reply_control.reply_cancel`: a queued reply
     ends at once, a streaming one within one decode step, its usage so far recorded by the worker). An
     unstored conversation whose reply never reached a worker is deleted here; otherwise the worker's
     ``generation_finish`` deletes it."""
-    message = generations.reply_cancel(user=user, message_id=message_id)
+    message = reply_control.reply_cancel(user=user, message_id=message_id)
     if message.status == Message.Status.CANCELLED and not message.conversation.stored:
         Conversation.objects.filter(pk=message.conversation_id, stored=False).delete()
     return message

@@ -26,7 +26,7 @@ from django.http import Http404
 
 from accounts.channels_auth import AUTH_UNAVAILABLE
 from accounts.sessions import session_fingerprint, session_is_current
-from conversations import generations, load, load_warmer, moderation
+from conversations import generations, load, load_warmer, moderation, reply_control
 from conversations.admission import AdmissionRefused
 from conversations.consumer_admission import AdmissionGateMixin, SessionEnded
 from conversations.protocol import (
@@ -299,7 +299,7 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         await self.watch_ticket(ticket)
 
     async def handle_stop(self, frame: StopFrame):
-        await db_call(generations.reply_cancel)(user=self.user, message_id=frame.message_id)
+        await db_call(reply_control.reply_cancel)(user=self.user, message_id=frame.message_id)
 
     async def send_json(self, content, close=False):
         metrics.observe_ws_frame("out", content)

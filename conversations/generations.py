@@ -1,7 +1,7 @@
 """The life of a generated reply on the web side, from the user's request to a queued reply.
 
-:func:`reply_request`, :func:`reply_regenerate`, :func:`reply_edit`, :func:`reply_continue`,
-:func:`reply_cancel`, :func:`reply_for_resume` (called by the consumer). Regenerate and edit add branches
+:func:`reply_request`, :func:`reply_regenerate`, :func:`reply_edit`, :func:`reply_continue` (called by the
+consumer); Stop and resume: ``conversations/reply_control.py``. Regenerate and edit add branches
 (``conversations.branches``). Admission and dispatch: ``conversations/reply_dispatch.py``; the worker side
 (claim, context, final write): ``conversations/generation_worker.py``; the reaper:
 ``conversations/reaper.py``; the tickets they answer with, and a send's idempotency key:
@@ -21,13 +21,12 @@ which the busy check refuses before any quota is touched.
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
-from billing.quota import quota_settle
 from conversations import moderation, recall, token_budget
 from conversations.admission import (
     NO_MESSAGES,
     Admission,
+    AdmissionRefused,
     ConversationTotals,
     conversation_totals,
     load_gate,
@@ -35,12 +34,12 @@ from conversations.admission import (
     prompt_tokens_upper_bound,
 )
 from conversations.models import Conversation, Message
-from conversations.reaper import generations_reap_interrupted
 from conversations.reply_dispatch import reply_admit, reply_dispatch
 from conversations.selectors import conversation_get_for_user, message_get_for_user
 from conversations.services import (
     APPEND,
     conversation_create,
+    conversation_new,
     conversation_set_model,
     message_chain_create,
     message_create,
@@ -188,22 +187,19 @@ def reply_request(
             raise _store_blocked(user=user, verdict=verdict, **fields)  # the ContentBlocked to answer with
         except IntegrityError as exc:
             return stored_ticket(user=user, client_id=client_id, error=exc)
-    # Refuse a model the plan does not offer, and refuse under overload, before opening a transaction
-    # (cached figures only).
+    # A model the plan does not offer, and overload, are refused before the transaction (cached figures only).
     load_gate(tier=user.tier, model_name=model_choice(tier=user.tier, model_name=model or ""))
-    # The question's vector for recall, asked for now (where anything will read it): its embedding
-    # overlaps the transaction below.
+    # The question's vector for recall, asked for now (if anything reads it): the embedding overlaps the commit.
     recall.question_prefetch(
         user=user, conversation_id=conversation_id, question=content.strip(), at_once=True
     )
     try:
         with tracing.span("db.transaction"), transaction.atomic():
             conversation, content = _conversation_for_send(
-                user=user, conversation_id=conversation_id, content=content, client_id=client_id
+                user=user, conversation_id=conversation_id, content=content, client_id=client_id, unsaved=True
             )
-            # A conversation this transaction created holds no message and no other transaction sees it:
-            # nothing to sum for the prompt bound, no reply to be busy with (lever 16). A stored one was read
-            # with its row lock, so one aggregate gives the bound's figures and the busy check (lever 18).
+            # A new conversation holds no message and no other transaction sees it: no bound to sum, no busy
+            # check (lever 16). A stored one was read with its row lock: one aggregate does both (lever 18).
             new = conversation_id is None
             totals = NO_MESSAGES if new else _totals_if_free(conversation)
             bound = prompt_tokens_upper_bound(conversation=conversation, new_content=content, totals=totals)
@@ -212,7 +208,7 @@ def reply_request(
                 prompt_tokens_bound=bound,
                 model_name=_chosen_model(user=user, conversation=conversation, model=model),
             )
-            # The message, its reply, its verdict and the reply's reservation: one statement (levers 20, 28).
+            # One statement: message, reply, verdict, reservation and a new conversation (levers 20, 28, 47).
             user_message, assistant = message_chain_create(
                 conversation=conversation,
                 messages=[
@@ -234,14 +230,18 @@ def reply_request(
             )
     except IntegrityError as exc:
         return stored_ticket(user=user, client_id=client_id, error=exc)
+    except (
+        AdmissionRefused
+    ) as exc:  # a new conversation's key meets its constraint after admission (lever 47)
+        return stored_ticket(user=user, client_id=client_id, error=exc)
     return ticket_for_queued(assistant, user_message_id=user_message.id, admission=admission)
 
 
-def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id):
+def _conversation_for_send(*, user, conversation_id: int | None, content: str, client_id, unsaved=False):
     """``(conversation, content)`` for a message being sent, inside the caller's transaction: the user's
     conversation read with its row lock (the access function; raises as it does), or a new one titled from
-    ``content`` when ``conversation_id`` is None, created only once ``content`` passed ``_validate_content``
-    (which raises for a message too long for the plan)."""
+    ``content`` when ``conversation_id`` is None, made only once ``content`` passed ``_validate_content``
+    (which raises for a message too long for the plan); ``unsaved``: left for the message chain to store."""
     if conversation_id is None:
         conversation, system_prompt = None, user.default_system_prompt
     else:
@@ -249,7 +249,8 @@ def _conversation_for_send(*, user, conversation_id: int | None, content: str, c
         system_prompt = conversation.system_prompt
     content = _validate_content(user=user, content=content, system_prompt=system_prompt)
     if conversation is None:
-        conversation = conversation_create(owner=user, title=title_from_content(content), client_id=client_id)
+        made = conversation_new if unsaved else conversation_create  # lever 47: the chain stores a new one
+        conversation = made(owner=user, title=title_from_content(content), client_id=client_id)
     return conversation, content
 
 
@@ -372,29 +373,3 @@ def reply_continue(*, user, message_id: int) -> ReplyTicket:
             conversation=conversation, parent=cut, admission=admission, conversation_locked=True
         )
     return ticket_for_queued(assistant, user_message_id=None, admission=admission)
-
-
-def reply_cancel(*, user, message_id: int) -> Message:
-    """Stop a reply. A queued one becomes ``cancelled`` at once; a streaming one is cancelled by its worker
-    within one decode step, keeping the partial text. A finished one is returned unchanged."""
-    message = message_get_for_user(user=user, message_id=message_id)
-    cancelled_now = Message.objects.filter(pk=message.pk, status=Message.Status.QUEUED).update(
-        status=Message.Status.CANCELLED, finish_reason="cancelled", updated_at=timezone.now()
-    )
-    message.refresh_from_db()
-    if cancelled_now:
-        quota_settle(message=message, used_tokens=0)
-        broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
-    elif message.status == Message.Status.STREAMING:
-        broadcast.request_cancel(message.id)
-    return message
-
-
-def reply_for_resume(*, user, message_id: int) -> Message:
-    """The reply a tab asks to resume, settled first if its worker died (lease gone) and no live worker's
-    reaper has marked it yet, so a reload never shows a reply streaming forever."""
-    message = message_get_for_user(user=user, message_id=message_id)
-    if message.status == Message.Status.STREAMING and not broadcast.lease_alive(message.id):
-        if generations_reap_interrupted(message_ids=[message.id], recheck_s=broadcast.LEASE_RECHECK_S):
-            message.refresh_from_db()
-    return message

@@ -12,7 +12,10 @@ depends only on the chain's length and which pointers move, so it is built once 
   and never updated (a data-modifying ``WITH`` cannot see rows its siblings insert, PostgreSQL manual 7.8.4);
 - the previous leaf's ``active_child`` and the conversation's ``active_leaf`` move in two more ``WITH`` items;
 - rows of other models that point at a message of the chain (a send's input verdict, its reply's quota
-  reservation) can be stored in the same statement too, each in a ``WITH`` item of its own (lever 28).
+  reservation) can be stored in the same statement too, each in a ``WITH`` item of its own (lever 28);
+- a chain that starts a conversation (a page send with no conversation yet, an API completion) inserts the
+  conversation in the same statement, its id drawn from its own sequence and its ``active_leaf`` the chain's
+  last message (lever 47): the conversation's own ``INSERT`` was a round trip of its own before.
 
 A message references its successor before that row exists within the statement; Django creates foreign keys
 ``DEFERRABLE INITIALLY DEFERRED``, so they are checked at commit, as they are for the ORM's writes. Field
@@ -57,19 +60,36 @@ def _message_key(model) -> object:
 
 
 @cache
+def _conversation_fields() -> tuple:
+    """The fields a new conversation is inserted with besides ``id`` and ``active_leaf`` (which the statement
+    computes), in ``database.sql.insert_fields`` order."""
+    return tuple(f for f in insert_fields(Conversation) if f.name != "active_leaf")
+
+
+@cache
 def _statement(
-    length: int, *, moves_parent: bool, moves_leaf: bool, attached: tuple[tuple[type, int], ...] = ()
+    length: int,
+    *,
+    moves_parent: bool,
+    moves_leaf: bool,
+    attached: tuple[tuple[type, int], ...] = (),
+    new_conversation: bool = False,
 ) -> str:
-    """The SQL that inserts ``length`` chained messages (``%s`` placeholders: the parent id, then each
-    message's value fields in :func:`_value_fields` order, then the parent id again when ``moves_parent``,
-    then the conversation's ``updated_at`` and id when ``moves_leaf``, then each attached row's fields but its
-    key to Message, in ``database.sql.insert_fields`` order). ``attached``: ``((model, index in the chain),
-    ...)`` of the rows stored with it. It returns one row: the chain's ids as an array, in chain order, then
-    each attached row's primary key."""
+    """The SQL that inserts ``length`` chained messages (``%s`` placeholders: with ``new_conversation`` the
+    conversation's fields in :func:`_conversation_fields` order, then the parent id, then each message's
+    value fields in :func:`_value_fields` order (its ``conversation`` left out when ``new_conversation``), then
+    the parent id again when ``moves_parent``, then the conversation's ``updated_at`` and id when
+    ``moves_leaf``, then each attached row's fields but its key to Message, in ``database.sql.insert_fields``
+    order). ``attached``: ``((model, index in the chain), ...)`` of the rows stored with it. It returns one
+    row: the chain's ids as an array, in chain order, then each attached row's primary key, then with
+    ``new_conversation`` the new conversation's id."""
     qn = connection.ops.quote_name
     table = qn(Message._meta.db_table)
     columns = ", ".join(qn(f.column) for f in _value_fields())
-    placeholders = ", ".join(["%s"] * len(_value_fields()))
+    placeholders = ", ".join(
+        "(SELECT v FROM conversation_id)" if new_conversation and f.name == "conversation" else "%s"
+        for f in _value_fields()
+    )
 
     def nth(k: int) -> str:  # the k-th id of the chain, 1-based; NULL past either end
         return f"(SELECT v[{k}] FROM ids)"
@@ -83,9 +103,20 @@ def _statement(
         f"ids AS MATERIALIZED (SELECT array_agg(v ORDER BY v) AS v FROM ("
         f"SELECT nextval(pg_get_serial_sequence('{Message._meta.db_table}', 'id')) AS v "
         f"FROM generate_series(1, {length})) AS drawn)",
-        f"inserted AS (INSERT INTO {table} ({qn('id')}, {qn('parent_id')}, {qn('active_child_id')}, "
-        f"{columns}) VALUES {rows})",
     ]
+    if new_conversation:
+        conversation_columns = ", ".join(qn(f.column) for f in _conversation_fields())
+        parts += [
+            f"conversation_id AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence("
+            f"'{Conversation._meta.db_table}', 'id')) AS v)",
+            f"conversation_inserted AS (INSERT INTO {qn(Conversation._meta.db_table)} ({qn('id')}, "
+            f"{qn('active_leaf_id')}, {conversation_columns}) VALUES ((SELECT v FROM conversation_id), "
+            f"{nth(length)}, {', '.join(['%s'] * len(_conversation_fields()))}))",
+        ]
+    parts.append(
+        f"inserted AS (INSERT INTO {table} ({qn('id')}, {qn('parent_id')}, {qn('active_child_id')}, "
+        f"{columns}) VALUES {rows})"
+    )
     if moves_parent:
         parts.append(
             f"parent_moved AS (UPDATE {table} SET {qn('active_child_id')} = {nth(1)} WHERE {qn('id')} = %s)"
@@ -105,6 +136,8 @@ def _statement(
             f"VALUES ({values}) RETURNING {pk})"
         )
         returned.append(f"(SELECT {pk} FROM attached{n})")
+    if new_conversation:
+        returned.append("(SELECT v FROM conversation_id)")
     return "WITH " + ",\n".join(parts) + f"\nSELECT {', '.join(returned)} FROM ids"
 
 
@@ -127,15 +160,28 @@ def chain_insert(
     saved as ``Model.objects.create`` saves them (``database.sql.insert_instance``; no signals sent). A
     ``row`` None is left out.
 
+    An unsaved ``conversation`` (no primary key yet) is inserted by the same statement, as
+    ``database.sql.insert_instance`` would insert it, with the chain's last message as its ``active_leaf``
+    (``parent_id`` must be None and ``moves_leaf`` is then moot); its id is set on it and on the messages.
+
     One round trip, inside the caller's transaction (the caller holds the conversation's row lock, or the
     conversation is its own). Returns the stored messages, in chain order, as saved ``Message`` objects.
-    Raises ``ValueError`` for an empty chain, ``django.db.IntegrityError`` for a taken ``client_id``.
+    Raises ``ValueError`` for an empty chain or a new conversation with a parent, ``django.db.IntegrityError``
+    for a taken ``client_id`` (a message's, or a new conversation's).
     """
     if not messages:
         raise ValueError("a chain holds at least one message")
+    new_conversation = conversation.pk is None
+    if new_conversation and parent_id is not None:
+        raise ValueError("the first message of a new conversation has no parent")
     fields = _value_fields()
     stored = [Message(conversation=conversation, **values) for values in messages]
-    params: list = [parent_id]
+    params: list = []
+    if new_conversation:
+        params.extend(insert_values(conversation, _conversation_fields()))
+        fields = tuple(f for f in fields if f.name != "conversation")
+        moves_leaf = False  # the conversation is inserted with its leaf
+    params.append(parent_id)
     for message in stored:
         params.extend(insert_values(message, fields))
     if parent_id is not None:
@@ -147,10 +193,20 @@ def chain_insert(
         key = _message_key(type(row))
         params.extend(insert_values(row, [f for f in insert_fields(type(row)) if f is not key]))
     shape = tuple((type(row), index % len(stored)) for row, index in attached)
-    sql = _statement(len(stored), moves_parent=parent_id is not None, moves_leaf=moves_leaf, attached=shape)
+    sql = _statement(
+        len(stored),
+        moves_parent=parent_id is not None,
+        moves_leaf=moves_leaf,
+        attached=shape,
+        new_conversation=new_conversation,
+    )
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         ids, *attached_ids = cursor.fetchone()
+    if new_conversation:
+        mark_saved(conversation, pk=attached_ids.pop())
+        for message in stored:
+            message.conversation = conversation  # its id now, and the instance kept (no read when used)
     for (row, _), (model, index), pk in zip(attached, shape, attached_ids, strict=True):
         setattr(row, _message_key(model).attname, ids[index])
         mark_saved(row, pk=pk)

@@ -2,7 +2,7 @@
 and re-send ``queued`` ones no broker message may deliver (:func:`generations_redispatch_queued`).
 :func:`reap_interrupted` runs both on every worker host's reaper thread (registered by
 ``conversations/tasks.py`` with ``inference.worker.reaper_register``); ``manage.py reap_interrupted`` and a
-tab's ``resume`` (``generations.reply_for_resume``) call them too.
+tab's ``resume`` (``reply_control.reply_for_resume``) call them too.
 """
 
 from __future__ import annotations

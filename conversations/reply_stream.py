@@ -9,7 +9,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from conversations import generations, reply_dispatch
+from conversations import generations, reply_control, reply_dispatch
 from database.connections import db_call
 from events import broadcast
 from observability import metrics, tracing
@@ -95,7 +95,7 @@ class ReplyStreamMixin:
         (:class:`CaughtUp`) and :meth:`chat_frame` drops those live copies, as after a ``send``'s catch-up.
         Off Channels' shared database thread, as a send: a flood of resumes on one socket does not queue
         behind every socket's database work (docs/overhead.md)."""
-        read = db_call(generations.reply_for_resume, thread_sensitive=False)
+        read = db_call(reply_control.reply_for_resume, thread_sensitive=False)
         message = await read(user=self.user, message_id=frame.message_id)
         if not (message.is_active or message.status == message.Status.INTERRUPTED):
             await self.send_state(message, after_seq=frame.after_seq)
@@ -135,7 +135,7 @@ class ReplyStreamMixin:
         """Send what this socket, which has joined the reply's group, missed of ``message_id`` (what
         ``resume`` from seq -1 sends: ``started`` and the replayed tokens, or ``done``), and remember it so
         that :meth:`chat_frame` drops the live frames it covered."""
-        message = await db_call(generations.reply_for_resume)(user=self.user, message_id=message_id)
+        message = await db_call(reply_control.reply_for_resume)(user=self.user, message_id=message_id)
         if message.status != message.Status.QUEUED:
             self.caught_up[message_id] = await self.send_state(message, after_seq=-1)
 

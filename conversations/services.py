@@ -26,11 +26,26 @@ def conversation_create(
     """A new conversation of ``owner``; ``title`` is stripped and cut to 200 characters. ``system_prompt``
     None takes the owner's default system prompt (profile). ``client_id``: the idempotency key of the
     ``send`` that starts it (unique per owner; raises IntegrityError when taken)."""
+    # A fixed insert (lever 27).
+    return insert_instance(
+        conversation_new(owner=owner, title=title, system_prompt=system_prompt, client_id=client_id)
+    )
+
+
+def conversation_new(
+    *, owner, title: str = "", system_prompt: str | None = None, client_id=None, stored: bool = True
+) -> Conversation:
+    """An unsaved conversation of ``owner`` as :func:`conversation_create` stores it (``stored`` False: an API
+    completion kept out of the sidebar), for ``message_chain_create`` to insert with its first messages in one
+    statement (docs/overhead-levers.md, lever 47): every new chat and every API completion starts so."""
     if system_prompt is None:
         system_prompt = getattr(owner, "default_system_prompt", "") or ""
-    # A fixed insert (lever 27): every new chat and every API completion starts with this row.
-    return insert_instance(
-        Conversation(owner=owner, title=title.strip()[:200], system_prompt=system_prompt, client_id=client_id)
+    return Conversation(
+        owner=owner,
+        title=title.strip()[:200],
+        system_prompt=system_prompt,
+        client_id=client_id,
+        stored=stored,
     )
 
 
@@ -62,7 +77,8 @@ def conversation_set_model(*, conversation: Conversation, model_name: str) -> Co
     left alone."""
     if conversation.model_name != model_name:
         conversation.model_name = model_name
-        Conversation.objects.filter(pk=conversation.pk).update(model_name=model_name)
+        if conversation.pk is not None:  # an unsaved one (``conversation_new``) is stored with the choice
+            Conversation.objects.filter(pk=conversation.pk).update(model_name=model_name)
     return conversation
 
 
@@ -141,7 +157,8 @@ def message_chain_create(
     ``conversation`` with it, stored a message there just now, or created the conversation), so the lock is
     not taken again (one round trip less); with ``parent`` left out the chain follows
     ``conversation.active_leaf_id`` as the caller read it under that lock. ``attached``: rows of other models
-    that point at a message of the chain, stored in the same statement (``chain_insert``). Raises
+    that point at a message of the chain, stored in the same statement (``chain_insert``). An unsaved
+    ``conversation`` (:func:`conversation_new`) is stored by the same statement, its ``parent`` None. Raises
     ``ValueError`` for an empty chain, ``IntegrityError`` for a taken ``client_id``.
     """
     # No savepoint: every caller either runs it alone (then this is the transaction) or inside a transaction

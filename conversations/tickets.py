@@ -4,8 +4,6 @@ send's idempotency key (``client_id``): the ticket of the message already stored
 
 from dataclasses import dataclass
 
-from django.db import IntegrityError
-
 from conversations import moderation
 from conversations.admission import Admission
 from conversations.models import Message
@@ -73,9 +71,11 @@ def ticket_for_client_id(*, user, client_id) -> ReplyTicket | None:
     return ReplyTicket(message=assistant, user_message_id=user_message.id, position=position, duplicate=True)
 
 
-def stored_ticket(*, user, client_id, error: IntegrityError) -> ReplyTicket:
+def stored_ticket(*, user, client_id, error: Exception) -> ReplyTicket:
     """The ticket of the message stored under ``client_id``, for a send whose insert met a unique constraint
-    (its key taken); raises ``error`` when no message holds that key (another constraint failed)."""
+    (its key taken), or that admission refused before its insert could (a new conversation's key is checked
+    by the message chain's statement, after admission: lever 47); raises ``error`` when no message holds that
+    key (another constraint failed, or the refusal stands)."""
     existing = ticket_for_client_id(user=user, client_id=client_id) if client_id is not None else None
     if existing is None:
         raise error

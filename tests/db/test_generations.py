@@ -4,7 +4,7 @@ import pytest
 
 from billing.models import DailyQuota, Tier, UsageRecord
 from billing.quota import quota_day
-from conversations import generation_worker, generations, reaper, services
+from conversations import generation_worker, generations, reaper, reply_control, services
 from conversations.admission import AdmissionRefused
 from conversations.models import Conversation, Message
 from conversations.selectors import ConversationNotFound
@@ -91,7 +91,7 @@ def test_other_users_conversation_is_not_found(alice, bob, redis_clean):
 
 def test_stop_of_queued_reply_cancels_it_and_worker_skips_it(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
-    message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    message = reply_control.reply_cancel(user=alice, message_id=ticket.message.id)
     assert message.status == "cancelled" and message.finish_reason == "cancelled"
     assert generation_worker.generation_start(message_id=message.id) is None
 
@@ -99,7 +99,7 @@ def test_stop_of_queued_reply_cancels_it_and_worker_skips_it(alice, redis_clean)
 def test_stop_of_streaming_reply_asks_the_worker(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     generation_worker.generation_start(message_id=ticket.message.id)
-    message = generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    message = reply_control.reply_cancel(user=alice, message_id=ticket.message.id)
     assert message.status == "streaming"
     assert broadcast.cancel_requested(message.id)
 

@@ -10,7 +10,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
-from conversations.services import APPEND, message_chain_create, message_create
+from conversations.services import (
+    APPEND,
+    conversation_create,
+    conversation_new,
+    message_chain_create,
+    message_create,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -171,3 +177,61 @@ def test_a_chain_of_a_field_the_model_lacks_is_refused_before_any_write(two_conv
             conversation=chained, messages=[{"role": "user", "content": "x", "colour": "red"}]
         )
     assert Message.objects.count() == count
+
+
+@pytest.mark.parametrize("messages", [PAIR, API_CHAIN], ids=["send-pair", "api-chain"])
+def test_a_chain_that_starts_a_conversation_stores_what_conversation_create_stored(alice, messages):
+    """Lever 47: the conversation's row comes from the chain's statement, as ``conversation_create`` (an
+    insert of its own) stored it, with the chain's last message as its leaf."""
+    key = uuid.uuid4()
+    reference = conversation_create(owner=alice, title="  New chat ", client_id=uuid.uuid4())
+    reference_messages = reference_chain(conversation=reference, messages=messages, parent_id=None)
+    new = conversation_new(owner=alice, title="  New chat ", client_id=key)
+
+    with transaction.atomic():
+        stored = message_chain_create(
+            conversation=new, messages=messages, parent=None, conversation_locked=True
+        )
+
+    row = Conversation.objects.get(pk=new.pk)
+    reference.refresh_from_db()
+    compared = [
+        f.attname
+        for f in Conversation._meta.concrete_fields
+        if f.name not in UNCOMPARED | {"client_id", "active_leaf"}
+    ]
+    assert [getattr(row, f) for f in compared] == [getattr(reference, f) for f in compared]
+    assert (row.owner_id, row.title, row.client_id, row.active_leaf_id) == (
+        alice.pk,
+        "New chat",
+        key,
+        stored[-1].pk,
+    )
+    assert not new._state.adding and new.active_leaf_id == stored[-1].pk
+    assert shape(stored) == shape(reference_messages)
+    assert all(m.conversation_id == new.pk and m.conversation is new for m in stored)
+    assert row.created_at <= stored[0].created_at
+
+
+def test_a_new_conversation_with_a_taken_client_id_stores_nothing(alice):
+    key = uuid.uuid4()
+    conversation_create(owner=alice, title="first", client_id=key)
+    conversations, messages = Conversation.objects.count(), Message.objects.count()
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        message_chain_create(
+            conversation=conversation_new(owner=alice, title="again", client_id=key),
+            messages=PAIR,
+            parent=None,
+            conversation_locked=True,
+        )
+
+    assert (Conversation.objects.count(), Message.objects.count()) == (conversations, messages)
+
+
+def test_a_new_conversation_chain_under_a_parent_is_refused(two_conversations, alice):
+    parent = Message.objects.filter(conversation=two_conversations[0]).first()
+    with pytest.raises(ValueError, match="no parent"), transaction.atomic():
+        message_chain_create(
+            conversation=conversation_new(owner=alice), messages=PAIR, parent=parent, conversation_locked=True
+        )

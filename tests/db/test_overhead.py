@@ -25,13 +25,13 @@ pytestmark = pytest.mark.django_db
 
 #: Round trips of a first ``send`` (with the page's ``client_id``, ``resend`` false) to an existing
 #: conversation: the conversation with its row lock, the prompt bound and the busy check (one aggregate),
-#: the concurrency count, the organisation's cap and the place in line (one statement; the place in line was
-#: a read of its own after the commit before lever 30), the quota (one upsert), the two messages
+#: the concurrency count, the organisation's cap, the place in line and the quota's upsert (one statement; the
+#: place in line was a read of its own after the commit before lever 30, the upsert before lever 48), the two messages
 #: with the input guard's verdict and the reply's reservation (one statement that inserts all four and moves
 #: the previous leaf's pointer and the conversation's leaf), and whether the
 #: question's vector is wanted (conversations.recall.question_vector_wanted: one query that spares the
 #: embeddings worker a model call per send nothing would read); the rollout is read at most once per
-#: ADMISSION_LOAD_CACHE_S per process; BEGIN/COMMIT are not counted. It was 9 before lever 30, 13 before lever 28 (the
+#: ADMISSION_LOAD_CACHE_S per process; BEGIN/COMMIT are not counted. It was 8 before lever 48, 9 before lever 30, 13 before lever 28 (the
 #: verdict, the reservation, the organisation's cap and the rollout each a statement of its own), 29
 #: without the organisation, guard and vector reads before the first cut (savepoints per message, the owner
 #: and tier read again for dispatch, two counts each for the prompt bound and the place in line), then 23
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.django_db
 #: insert-if-missing and read, and the user message's leaf update; then 19 before lever 18: the
 #: conversation is now read with its row lock, so the separate lock and the busy check's own query are gone
 #: (the busy check is a count in the prompt bound's aggregate).
-SEND_QUERIES = 8
+SEND_QUERIES = 7
 
 
 def test_a_send_to_an_existing_conversation_costs_a_fixed_number_of_sql_round_trips(
@@ -86,8 +86,9 @@ def _quota_row_and_no_reply_waiting(user) -> None:
 #: check (lever 16, docs/overhead.md; it was 19 before), and the two messages are one statement (lever 20; 15
 #: before: two inserts, the user message's pointer and the conversation's leaf), with the verdict and the
 #: reservation (lever 28; 12 before, as for SEND_QUERIES), and the place in line read with admission (lever
-#: 30; 8 before).
-NEW_CONVERSATION_SEND_QUERIES = 7
+#: 30; 8 before), the conversation's insert in the chain's statement too (lever 47; 7 before), and the quota's
+#: upsert in admission's read (lever 48; 6 before).
+NEW_CONVERSATION_SEND_QUERIES = 5
 
 
 def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_trips(
@@ -115,12 +116,14 @@ def test_a_send_that_starts_a_conversation_costs_a_fixed_number_of_sql_round_tri
 
 
 #: Round trips of a streamed API completion of one user turn with sampling set (``store`` false): the
-#: concurrency count and the organisation's cap (one statement), the quota (one upsert), the conversation, the
-#: turn and the reply with its sampling, the input guard's verdict and the reservation (one statement: the
-#: four inserts and the leaf), and the savepoint pair of the test's own transaction (as in SEND_QUERIES; the
-#: rollout cached). 10 before lever 28 (docs/overhead.md); before lever 16 it was 17: the quota's
-#: insert-if-missing and read, the turn's leaf update and the reply's second write for its sampling.
-COMPLETION_QUERIES = 6
+#: concurrency count, the organisation's cap and the quota's upsert (one statement; the upsert was a statement
+#: of its own before lever 48), the conversation with
+#: its leaf, the turn and the reply with its sampling, the input guard's verdict and the reservation (one
+#: statement: the five inserts; the conversation was a statement of its own before lever 47), and the savepoint
+#: pair of the test's own transaction (as in SEND_QUERIES; the rollout cached). 10 before lever 28
+#: (docs/overhead.md); before lever 16 it was 17: the quota's insert-if-missing and read, the turn's leaf update
+#: and the reply's second write for its sampling.
+COMPLETION_QUERIES = 4
 
 
 def test_an_api_completion_costs_a_fixed_number_of_sql_round_trips(

@@ -8,7 +8,7 @@ from django.db import connection, transaction
 
 from billing.models import DailyQuota, QuotaGrant, QuotaReservation, Tier, UsageRecord
 from billing.quota import QuotaExceeded, quota_day, quota_grant, quota_reserve, quota_settle, quota_status
-from conversations import generation_worker, generations, reaper
+from conversations import generation_worker, generations, reaper, reply_control
 from conversations.admission import AdmissionRefused
 from conversations.models import Message
 
@@ -135,7 +135,7 @@ def test_a_reservation_above_the_daily_limit_fits_only_in_what_a_grant_added(ali
 def test_cancel_of_a_queued_reply_releases_its_reservation(alice, redis_clean):
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     assert quota_status(user=alice).reserved > 0
-    generations.reply_cancel(user=alice, message_id=ticket.message.id)
+    reply_control.reply_cancel(user=alice, message_id=ticket.message.id)
     status = quota_status(user=alice)
     assert (status.reserved, status.used) == (0, 0)
     assert not QuotaReservation.objects.exists()

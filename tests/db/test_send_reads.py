@@ -108,7 +108,7 @@ def test_admission_reads_the_active_replies_and_the_membership_in_one_statement(
     mixed, make_user, django_assert_num_queries
 ):
     from billing.quota import MEMBERSHIP_SQL
-    from conversations.admission import user_admission_reads
+    from conversations.admission_reads import user_admission_reads
     from database.sql import fetch_one
     from organizations.models import Membership
     from organizations.services import organization_create
@@ -130,7 +130,7 @@ def test_admission_reads_the_active_replies_and_the_membership_in_one_statement(
 def test_admission_reads_the_place_in_line_a_reply_stored_next_gets(mixed):
     """Lever 30: the replies queued ahead, read in admission's statement before the reply is stored, are its
     place in line less one, as the place-in-line read after the insert counts it (and the replaced queryset)."""
-    from conversations.admission import user_admission_reads
+    from conversations.admission_reads import user_admission_reads
 
     users, _ = mixed
     seen = set()

@@ -64,7 +64,7 @@ class Command(BaseCommand):
 
         from accounts.models import User
         from billing.models import Tier
-        from conversations import generations
+        from conversations import generations, reply_control
         from conversations.models import Conversation, Message
         from database.connections import db_call
 
@@ -102,7 +102,7 @@ class Command(BaseCommand):
             return (time.perf_counter() - started) * 1000
 
         async def resumes() -> list[float]:
-            read = db_call(generations.reply_for_resume, thread_sensitive=False)
+            read = db_call(reply_control.reply_for_resume, thread_sensitive=False)
             times = []
             for _ in range(calls + 3):
                 started = time.perf_counter()
