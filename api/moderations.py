@@ -18,10 +18,10 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from django_ratelimit.core import get_usage
 
 from api.auth import user_for_request
 from api.errors import ApiError, invalid
+from conversations.rate_window import rate_hit
 from database.connections import closes_connections
 from safety.chain import chain_run
 
@@ -70,13 +70,7 @@ def _inputs(body) -> list[str]:
 
 def _rate_limit(user) -> None:
     limit = user.tier.requests_per_minute
-    usage = get_usage(
-        None,
-        group="moderation",
-        key=lambda group, request: f"user:{user.pk}",
-        rate=f"{limit}/m",
-        increment=True,
-    )
+    usage = rate_hit(group="moderation", value=f"user:{user.pk}", rate=f"{limit}/m")  # one round trip
     if usage and usage["should_limit"]:
         raise ApiError(
             429,
