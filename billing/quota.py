@@ -183,12 +183,16 @@ def quota_reserve(*, user, tokens: int, day: date | None = None, membership=UNRE
     raise QuotaExceeded(remaining=_status(row, day=day, limit=limit).remaining, needed=tokens)
 
 
-_UPSERT_RESERVE = """
-INSERT INTO {table} AS q (user_id, day, used_tokens, reserved_tokens, granted_tokens)
-VALUES (%(user_id)s, %(day)s, 0, %(tokens)s, 0)
+#: The reservation's conflict branch under the module docstring's clause, and the row it returns: shared by
+#: :func:`_upsert_reserve` and :data:`CARRIED_RESERVE_SQL`.
+_RESERVE_ON_CONFLICT = """
 ON CONFLICT (user_id, day) DO UPDATE SET reserved_tokens = q.reserved_tokens + EXCLUDED.reserved_tokens
  WHERE q.used_tokens <= %(limit)s + q.granted_tokens - q.reserved_tokens - %(tokens)s
-RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens
+RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens"""
+
+_UPSERT_RESERVE = f"""
+INSERT INTO {DailyQuota._meta.db_table} AS q (user_id, day, used_tokens, reserved_tokens, granted_tokens)
+VALUES (%(user)s, %(day)s, 0, %(tokens)s, 0){_RESERVE_ON_CONFLICT}
 """
 
 #: :func:`_upsert_reserve`'s upsert as a ``WITH`` item named ``reserve``, for another statement to carry
@@ -200,10 +204,7 @@ RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_to
 CARRIED_RESERVE_SQL = f"""reserve AS (
 INSERT INTO {DailyQuota._meta.db_table} AS q (user_id, day, used_tokens, reserved_tokens, granted_tokens)
 SELECT %(user)s, %(day)s, 0, %(tokens)s, 0
- WHERE NOT EXISTS (SELECT 1 FROM organizations_membership WHERE user_id = %(user)s)
-ON CONFLICT (user_id, day) DO UPDATE SET reserved_tokens = q.reserved_tokens + EXCLUDED.reserved_tokens
- WHERE q.used_tokens <= %(limit)s + q.granted_tokens - q.reserved_tokens - %(tokens)s
-RETURNING q.id, q.user_id, q.day, q.used_tokens, q.reserved_tokens, q.granted_tokens)"""
+ WHERE NOT EXISTS (SELECT 1 FROM organizations_membership WHERE user_id = %(user)s){_RESERVE_ON_CONFLICT})"""
 CARRIED_RESERVE_COLUMNS = 6
 
 
@@ -248,9 +249,8 @@ def _upsert_reserve(*, user_id: int, day: date, limit: int, tokens: int) -> Dail
     conflict PostgreSQL locks the existing row and evaluates the clause on its latest version, as the
     conditional UPDATE does. Returns the updated row, or None when the clause refused (the row exists).
     One round trip instead of three (insert-if-missing, update, read; docs/overhead-levers.md, lever 16)."""
-    sql = _UPSERT_RESERVE.format(table=DailyQuota._meta.db_table)
-    params = {"user_id": user_id, "day": day, "limit": limit, "tokens": tokens}
-    return next(iter(DailyQuota.objects.raw(sql, params)), None)
+    params = {"user": user_id, "day": day, "limit": limit, "tokens": tokens}
+    return next(iter(DailyQuota.objects.raw(_UPSERT_RESERVE, params)), None)
 
 
 def _pool_reserve(*, user, pool: Pool, tokens: int, day: date) -> DailyQuota:

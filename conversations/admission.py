@@ -39,7 +39,7 @@ from billing.quota import (
 )
 from billing.selectors import seconds_until_tomorrow
 from conversations import load
-from conversations.admission_reads import user_admission_reads_reserving
+from conversations.admission_reads import user_admission_reads
 from conversations.models import Message
 from conversations.rate_window import rate_hit
 from database.sql import fetch_one
@@ -313,7 +313,7 @@ def admission_check(
     reserving = transaction.get_connection().in_atomic_block
     # The reservation rides in the read's statement (lever 48); a refusal below rolls it back with the rest.
     carried = carried_reserve_params(user=user, tokens=needed) if reserving else None
-    active, membership, ahead, reserved = user_admission_reads_reserving(
+    active, membership, ahead, reserved = user_admission_reads(
         user=user, place_in_line_of=model_name if place_in_line else None, reserve=carried
     )
     if active >= tier.max_concurrent_generations:

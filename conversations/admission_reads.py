@@ -45,26 +45,19 @@ SELECT ({ACTIVE_REPLIES_SQL}), mb.organization_id, mb.daily_token_cap{extra}, r.
 """
 
 
-def user_admission_reads(*, user, place_in_line_of: str | None = None) -> tuple[int, Membership, int | None]:
-    """``(active replies, membership, queued ahead)`` of ``user`` in one statement (docs/overhead.md, levers
-    28 and 30; three before): how many of the user's replies are queued or streaming
-    (``selectors.active_generation_count``); the user's team membership ``(organization_id,
-    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again; and, for
-    ``place_in_line_of`` (a model name), how many replies of that model are queued ahead of a new reply of
-    the user's tier (``reply_dispatch.queue_position`` of a reply not stored yet, less one), else None."""
-    active, membership, ahead, _ = user_admission_reads_reserving(
-        user=user, place_in_line_of=place_in_line_of
-    )
-    return active, membership, ahead
-
-
-def user_admission_reads_reserving(
+def user_admission_reads(
     *, user, place_in_line_of: str | None = None, reserve: dict | None = None
 ) -> tuple[int, Membership, int | None, tuple | None]:
-    """:func:`user_admission_reads`' three values and, with ``reserve`` (``billing.quota.carried_reserve_params``),
-    the carried reservation's row (``CARRIED_RESERVE_COLUMNS`` values, all None when it reserved nothing: a
-    refusal, or a team member; ``billing.quota.carried_reserve_outcome`` reads it), else None. With
-    ``reserve`` it must run inside the transaction that stores the reply. Raises what the driver raises."""
+    """``(active replies, membership, queued ahead, reserved)`` of ``user`` in one statement (docs/overhead.md,
+    levers 28, 30 and 48; four before): how many of the user's replies are queued or streaming
+    (``selectors.active_generation_count``); the user's team membership ``(organization_id,
+    daily_token_cap)`` or None, which ``quota_reserve`` takes instead of reading it again; for
+    ``place_in_line_of`` (a model name), how many replies of that model are queued ahead of a new reply of
+    the user's tier (``reply_dispatch.queue_position`` of a reply not stored yet, less one), else None; and,
+    with ``reserve`` (``billing.quota.carried_reserve_params``), the carried reservation's row
+    (``CARRIED_RESERVE_COLUMNS`` values, all None when it reserved nothing: a refusal, or a team member;
+    ``billing.quota.carried_reserve_outcome`` reads it), else None. With ``reserve`` it must run inside the
+    transaction that stores the reply. Raises what the driver raises."""
     params = {**active_replies_params(user), "user": user.pk}
     if place_in_line_of is not None:
         params |= place_in_line_params(model_name=place_in_line_of, priority=user.tier.queue_priority)

@@ -228,11 +228,8 @@ def reply_request(
                 parent=user_message,
                 question_prefetch_settled=True,
             )
-    except IntegrityError as exc:
-        return stored_ticket(user=user, client_id=client_id, error=exc)
-    except (
-        AdmissionRefused
-    ) as exc:  # a new conversation's key meets its constraint after admission (lever 47)
+    except (IntegrityError, AdmissionRefused) as exc:
+        # Its key taken; or refused by admission before a new conversation's key met its constraint (lever 47).
         return stored_ticket(user=user, client_id=client_id, error=exc)
     return ticket_for_queued(assistant, user_message_id=user_message.id, admission=admission)
 

@@ -120,7 +120,7 @@ def test_admission_reads_the_active_replies_and_the_membership_in_one_statement(
         assert user.tier is not None  # loaded, as admission's user has it (refresh_tier)
         for place_in_line_of in (None, *MODELS):
             with django_assert_num_queries(1):
-                active, membership, _ = user_admission_reads(user=user, place_in_line_of=place_in_line_of)
+                active, membership, _, _ = user_admission_reads(user=user, place_in_line_of=place_in_line_of)
             assert active == active_generation_count(user=user)
             assert membership == fetch_one(MEMBERSHIP_SQL, {"user": user.pk})  # the read it replaced
     assert user_admission_reads(user=users[1])[1] == (team.pk, 500)
@@ -137,7 +137,7 @@ def test_admission_reads_the_place_in_line_a_reply_stored_next_gets(mixed):
     for user in users:
         conversation = Conversation.objects.filter(owner=user).exclude(title="empty").first()
         for model in MODELS:
-            *_, ahead = user_admission_reads(user=user, place_in_line_of=model)
+            _, _, ahead, _ = user_admission_reads(user=user, place_in_line_of=model)
             assert user_admission_reads(user=user)[2] is None  # not asked for: not read
             reply = Message.objects.create(
                 conversation=conversation, role="assistant", status="queued", model_name=model
