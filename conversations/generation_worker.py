@@ -154,10 +154,14 @@ def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], l
 
 
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
-    """Record how many older turns the window left out and the prompt's size in tokens."""
+    """Record how many older turns the window left out and the prompt's size in tokens (nothing is written,
+    and nothing raised, for a reply deleted with its conversation meanwhile)."""
     message.omitted_messages = omitted
     message.prompt_tokens = prompt_tokens
-    message.save(update_fields=["omitted_messages", "prompt_tokens", "updated_at"])
+    message.updated_at = timezone.now()
+    Message.objects.filter(pk=message.pk).update(
+        omitted_messages=omitted, prompt_tokens=prompt_tokens, updated_at=message.updated_at
+    )
 
 
 def generation_finish(
@@ -205,7 +209,17 @@ def generation_finish(
             for name, value in final.items():
                 setattr(message, name, value)
         else:  # someone else ended it (a Stop, the reaper): the stored state is the truth
-            message.refresh_from_db()
+            try:
+                message.refresh_from_db()
+            except Message.DoesNotExist:
+                # Deleted with its conversation while it streamed: the deletion released its reservation and
+                # asked for the cancel that ended it here. The tokens generated are charged to the owner's
+                # day, and `done` tells a client still following it (an API stream) that it ended.
+                for name, value in final.items():
+                    setattr(message, name, value)
+                _charge_deleted(message, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+                broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
+                return message
         if updated and (prompt_tokens or completion_tokens):
             usage_record_create(
                 user=message.conversation.owner,
@@ -235,3 +249,21 @@ def generation_finish(
             # carries its result; the usage record stays, its message link cleared.
             message.conversation.delete()
     return message
+
+
+def _charge_deleted(message: Message, *, prompt_tokens: int, completion_tokens: int) -> None:
+    """Charge the tokens a reply deleted while it streamed generated: a usage record with no message link
+    (as one whose message was deleted later has) and the count on the owner's day, with no reservation left
+    to settle (``quota_settle``'s charge). Nothing when it generated nothing, or the account is gone too
+    (its quota rows went with it)."""
+    owner = message.conversation.owner
+    if not (prompt_tokens or completion_tokens) or not get_user_model().objects.filter(pk=owner.pk).exists():
+        return
+    usage_record_create(
+        user=owner,
+        message=None,
+        model_name=message.model_name,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+    quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens, user=owner)

@@ -7,8 +7,10 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.urls import reverse
 
 from billing.models import Tier, UsageRecord
+from billing.quota import quota_status
 from conversations.models import Message
 from safety.models import SafetyPolicy
 from tests.sockets import open_socket
@@ -132,6 +134,30 @@ async def test_stop_keeps_partial_text_as_cancelled(celery_worker, session_cooki
     assert message.content == "".join(t["text"] for t in tokens) == done["content"]
     assert 3 <= message.completion_tokens < 400
     assert stop_latency < 5, f"stop took {stop_latency:.2f} s"
+    await ws.disconnect()
+
+
+async def test_deleting_the_chat_while_it_streams_stops_the_reply_and_charges_what_it_generated(
+    celery_worker, session_cookie, reply_tokens, client, alice, redis_clean
+):
+    await database_sync_to_async(reply_tokens)(400)
+    ws = await open_socket(session_cookie)
+    await ws.send_json_to({"type": "send", "conversation_id": None, "content": LONG_PROMPT})
+    queued = await receive(ws)
+    await read_until(ws, lambda f: f["type"] == "token" and f["seq"] >= 2)
+    url = reverse("conversations:delete", args=[queued["conversation_id"]])
+    deleted = await database_sync_to_async(client.post)(url, headers={"accept": "application/json"})
+    deleted_at = time.monotonic()
+    assert deleted.status_code == 200
+    # The worker stops the reply (the engine frees its slot) and still says it ended to whoever follows it.
+    done = (await read_until(ws, lambda f: f["type"] == "done", timeout=30))[-1]
+    assert time.monotonic() - deleted_at < 5
+    assert (done["message_id"], done["status"]) == (queued["message_id"], "cancelled")
+    assert not await database_sync_to_async(Message.objects.filter(pk=queued["message_id"]).exists)()
+    record = await database_sync_to_async(UsageRecord.objects.get)(user=alice)
+    assert record.message_id is None and 3 <= record.completion_tokens < 400
+    quota = await database_sync_to_async(quota_status)(user=alice)
+    assert (quota.reserved, quota.used) == (0, record.prompt_tokens + record.completion_tokens)
     await ws.disconnect()
 
 
