@@ -126,8 +126,8 @@ class Command(BaseCommand):
     def handle(self, *args, **o):
         from django.conf import settings
 
+        from devtools.bench_figures import median_range
         from devtools.management.commands.bench_overhead import Command as OverheadBench
-        from devtools.management.commands.bench_overhead import median_range
 
         if o["clients"] < 1 or o["rounds"] < 1:
             raise CommandError("--clients and --rounds must be >= 1")

@@ -24,39 +24,19 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import statistics
 import time
 from collections import Counter
 
 from django.core.management.base import BaseCommand, CommandError
 
 from devtools import overhead_bench as bench
+from devtools.bench_figures import gaps as _gaps
+from devtools.bench_figures import median_range, tps
+from devtools.bench_figures import pct as _pct
 from devtools.reply_stages import percentile
 
 TIER = "bench-overhead"
 REFUSED_TIER = "bench-refused"
-
-
-def median_range(values: list[float], fmt: str = "{:.0f}") -> str:
-    """``median [min-max]`` of ``values`` (None and NaN left out) in ``fmt``; ``-`` when none is left."""
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return "-"
-    return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
-
-
-def _pct(streams, attr: str, q: float) -> float:
-    values = [getattr(s, attr) for s in streams if getattr(s, attr) is not None]
-    return percentile(values, q)
-
-
-def tps(waves) -> float:
-    """Mean tok/s over ``waves`` (NaN when none)."""
-    return sum(wv.tokens_per_s for wv in waves) / len(waves) if waves else float("nan")
-
-
-def _gaps(streams) -> list[float]:
-    return [g for s in streams for g in s.gaps_ms]
 
 
 class Command(BaseCommand):
