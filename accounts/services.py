@@ -2,13 +2,29 @@
 
 from django.db import transaction
 
+from events import broadcast
+
+#: A reply still queued or being generated: ``conversations.models.Message.ACTIVE_STATUSES``, spelt out here because
+#: accounts sits below conversations and does not import it (``tests/db/test_conversation_delete.py`` keeps the two
+#: equal).
+ACTIVE_REPLY_STATUSES = ("queued", "streaming")
+
 
 def account_delete(*, user) -> None:
     """Delete ``user`` and everything stored for them: conversations, messages, share links (cascade),
     usage records and sessions are removed with the user row. Conversations are deleted first, in one
-    query each, so a long history does not go through the ORM collector's per-row signals twice."""
+    query each, so a long history does not go through the ORM collector's per-row signals twice. A reply of
+    theirs still queued or streaming is cancelled once the deletion is committed (``broadcast.
+    request_cancel_on_commit``), so the engine frees its slot instead of generating to the reply limit; its
+    worker's final write finds it gone and charges no one (the quota rows went with the account)."""
     with transaction.atomic():
-        # Through the reverse relation (``Conversation.owner``'s related_name): accounts sits below
-        # conversations and does not import it.
+        # Through the reverse relations (``Conversation.owner``'s and ``Message.conversation``'s related_names):
+        # accounts sits below conversations and does not import it.
+        active = list(
+            user.conversations.filter(messages__status__in=ACTIVE_REPLY_STATUSES).values_list(
+                "messages__id", flat=True
+            )
+        )
         user.conversations.all().delete()
         user.delete()
+        broadcast.request_cancel_on_commit(active)

@@ -1,9 +1,7 @@
 """Writes to conversations and messages (keyword-only, ``<entity>_<verb>``)."""
 
-import logging
 from collections.abc import Sequence
 
-import redis
 from django.db import transaction
 from django.utils import timezone
 
@@ -12,8 +10,6 @@ from conversations.message_chain import chain_insert
 from conversations.models import Conversation, Message
 from database.sql import insert_instance
 from events import broadcast
-
-logger = logging.getLogger(__name__)
 
 TITLE_MAX_CHARS = 60
 
@@ -94,9 +90,9 @@ def conversation_delete(*, conversation: Conversation) -> None:
     A reply still queued or streaming in it is stopped as Stop stops one: its quota reservation is released
     in the deletion's transaction (the reservation row goes with the message, and the day's held tokens would
     otherwise stay held until the day ends), and once the deletion is committed its worker is asked to cancel
-    (``broadcast.request_cancel``), so the engine frees the reply's slot within one decode step instead of
-    generating to the reply limit. The worker then charges the tokens it did generate to the owner's day
-    (``generation_worker.generation_finish``), as for any stopped reply. Redis being unreachable after the
+    (``broadcast.request_cancel_on_commit``), so the engine frees the reply's slot within one decode step
+    instead of generating to the reply limit. The worker then charges the tokens it did generate to the owner's
+    day (``generation_worker.generation_finish``), as for any stopped reply. Redis being unreachable after the
     commit leaves the deletion done; the reply then runs to its end and is charged the same way."""
     with transaction.atomic():
         active = list(
@@ -107,17 +103,7 @@ def conversation_delete(*, conversation: Conversation) -> None:
         for message_id in active:
             quota_settle(message=Message(id=message_id, conversation=conversation), used_tokens=0)
         conversation.delete()
-        if active:
-            transaction.on_commit(lambda: _cancel_deleted(active))
-
-
-def _cancel_deleted(message_ids: list[int]) -> None:
-    """Ask the workers of deleted replies to stop them (after the deletion's commit)."""
-    try:
-        for message_id in message_ids:
-            broadcast.request_cancel(message_id)
-    except (redis.exceptions.RedisError, OSError):
-        logger.warning("could not ask the workers of deleted replies %s to stop", message_ids, exc_info=True)
+        broadcast.request_cancel_on_commit(active)
 
 
 def conversation_touch(*, conversation: Conversation) -> None:

@@ -305,6 +305,14 @@ def request_cancel(message_id: int) -> None:
     client.publish(CANCEL_CHANNEL, str(message_id))
 
 
+def request_cancel_on_commit(message_ids: list[int]) -> None:
+    """:func:`request_cancel` for each of ``message_ids`` once the surrounding transaction commits (at once
+    outside one): the replies of a deleted conversation or account. Robust as :func:`publish_on_commit` is: Redis
+    unreachable then is logged, not raised, and those replies run to their end."""
+    for message_id in message_ids:
+        transaction.on_commit(lambda message_id=message_id: request_cancel(message_id), robust=True)
+
+
 def stream_text(message_id: int) -> str:
     """The text streamed so far for ``message_id`` (concatenated replay stream), "" when none."""
     return "".join(fields[b"text"].decode() for _id, fields in redis_client().xrange(stream_key(message_id)))

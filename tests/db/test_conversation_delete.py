@@ -4,7 +4,7 @@ committed, and the worker's final write of a reply that is gone charges what it 
 
 import pytest
 
-from accounts.services import account_delete
+from accounts.services import ACTIVE_REPLY_STATUSES, account_delete
 from billing.models import DailyQuota, QuotaReservation, UsageRecord
 from billing.quota import quota_status
 from conversations import generation_worker, generations, services
@@ -95,9 +95,13 @@ def test_a_reply_that_ended_before_the_deletion_is_charged_once(
     assert UsageRecord.objects.get(user=alice).message_id is None  # the link cleared, the counts kept
 
 
-def test_a_reply_whose_account_was_deleted_ends_without_charging_anyone(alice, redis_clean):
+def test_a_reply_whose_account_was_deleted_is_cancelled_and_ends_without_charging_anyone(
+    alice, redis_clean, django_capture_on_commit_callbacks
+):
     claimed = generation_worker.generation_start(message_id=queued_reply(alice).id)
-    account_delete(user=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        account_delete(user=alice)
+    assert broadcast.cancel_requested(claimed.id)
 
     ended = generation_worker.generation_finish(
         message=claimed, status=Message.Status.COMPLETED, text="Hi", prompt_tokens=12, completion_tokens=2
@@ -105,3 +109,7 @@ def test_a_reply_whose_account_was_deleted_ends_without_charging_anyone(alice, r
 
     assert ended.status == Message.Status.COMPLETED
     assert not UsageRecord.objects.exists() and not DailyQuota.objects.exists()
+
+
+def test_accounts_names_the_active_statuses_that_conversations_defines():
+    assert set(ACTIVE_REPLY_STATUSES) == set(Message.ACTIVE_STATUSES)
