@@ -180,7 +180,9 @@ def generation_finish(
     """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
     Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message.
     ``on_written`` runs inside the transaction when the write happened (the reply runner stores the output
-    moderation verdict there).
+    moderation verdict there). A reply deleted with its conversation or account meanwhile is returned as this
+    call would have stored it, its tokens charged to the owner's day when the owner remains
+    (:func:`_charge_deleted`), and ``done`` still published.
 
     A completed reply's turn is indexed for memory, and the ``done`` frame carries the reply's citations. For
     a reply the worker claimed (``message.claim_reads``, :class:`ClaimReads`), what the claim read decides
