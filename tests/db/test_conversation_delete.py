@@ -3,12 +3,14 @@ the reply's quota reservation is released with the deletion, its worker is asked
 committed, and the worker's final write of a reply that is gone charges what it generated instead of failing."""
 
 import pytest
+from django.db import IntegrityError
 
 from accounts.services import ACTIVE_REPLY_STATUSES, account_delete
 from billing.models import DailyQuota, QuotaReservation, UsageRecord
 from billing.quota import quota_status
 from conversations import generation_worker, generations, services
 from conversations.models import Conversation, Message
+from documents.retrieval import Cited, citations_record
 from events import broadcast
 from tests.conftest import broker_take
 
@@ -109,6 +111,20 @@ def test_a_reply_whose_account_was_deleted_is_cancelled_and_ends_without_chargin
 
     assert ended.status == Message.Status.COMPLETED
     assert not UsageRecord.objects.exists() and not DailyQuota.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the foreign keys are deferred: checked when the insert commits
+def test_citations_of_a_reply_deleted_meanwhile_record_nothing_and_other_refusals_still_raise(
+    alice, redis_clean, django_capture_on_commit_callbacks
+):
+    claimed = generation_worker.generation_start(message_id=queued_reply(alice).id)
+    unknown_chunk = [Cited(marker=1, chunk_id=10**9, score=0.5)]
+    with pytest.raises(IntegrityError):  # the reply exists: the refusal is the chunk's, not a deletion
+        citations_record(reply_id=claimed.id, cited=unknown_chunk)
+
+    delete(claimed, django_capture_on_commit_callbacks)
+
+    assert citations_record(reply_id=claimed.id, cited=unknown_chunk) == []
 
 
 def test_accounts_names_the_active_statuses_that_conversations_defines():
