@@ -95,6 +95,9 @@ def conversation_delete(*, conversation: Conversation) -> None:
     day (``generation_worker.generation_finish``), as for any stopped reply. Redis being unreachable after the
     commit leaves the deletion done; the reply then runs to its end and is charged the same way."""
     with transaction.atomic():
+        # The conversation's row lock first, as a send takes it: a send storing a reply in it now is waited for
+        # (and its reply seen below), and one that comes after finds the conversation gone.
+        list(Conversation.objects.select_for_update().filter(pk=conversation.pk).values_list("pk"))
         active = list(
             Message.objects.filter(conversation=conversation, status__in=Message.ACTIVE_STATUSES).values_list(
                 "id", flat=True

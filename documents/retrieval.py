@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from documents.models import Citation, Document
 from memory.models import Chunk
@@ -123,15 +123,13 @@ def citations_record(*, reply_id: int, cited: Sequence[Cited]) -> list[Citation]
     """Remember which passages ``reply_id`` was given, by marker (its chips on the page). Records nothing, and
     returns [], for a reply deleted meanwhile (its conversation deleted while it was queued or streaming: the
     foreign key refuses the rows); any other refusal raises ``IntegrityError``. Django's foreign keys are deferred,
-    so a refusal comes at the commit: called outside a transaction (the worker is), this call's own."""
+    so a refusal comes at the commit: called outside a transaction (the worker is), that of ``bulk_create``'s own."""
     rows = [Citation(message_id=reply_id, chunk_id=c.chunk_id, marker=c.marker, score=c.score) for c in cited]
     try:
-        with transaction.atomic():
-            return Citation.objects.bulk_create(rows, ignore_conflicts=True)
+        return Citation.objects.bulk_create(rows, ignore_conflicts=True)  # in a transaction of its own
     except IntegrityError:
-        replies = Citation._meta.get_field(
-            "message"
-        ).related_model.objects  # documents does not import conversations
+        # The replies' model through the foreign key: documents sits below conversations and does not import it.
+        replies = Citation._meta.get_field("message").related_model.objects
         if replies.filter(pk=reply_id).exists():
             raise
         return []
