@@ -19,7 +19,9 @@ def account_delete(*, user) -> None:
     worker's final write finds it gone and charges no one (the quota rows went with the account)."""
     with transaction.atomic():
         # Through the reverse relations (``Conversation.owner``'s and ``Message.conversation``'s related_names):
-        # accounts sits below conversations and does not import it.
+        # accounts sits below conversations and does not import it. The conversations' row locks first, as a send
+        # takes its conversation's: a send storing a reply now is waited for, and its reply is seen below.
+        list(user.conversations.select_for_update().values_list("pk"))
         active = list(
             user.conversations.filter(messages__status__in=ACTIVE_REPLY_STATUSES).values_list(
                 "messages__id", flat=True
