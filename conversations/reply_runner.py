@@ -1,10 +1,12 @@
 """The thin adapter between the product and the engine: loads a reply's conversation, assembles its context,
 streams the engine's deltas through ``events.broadcast`` and persists the result.
 
-Output moderation (docs/safety.md): every delta goes through the reply's ``OutputMonitor`` on this task
-thread (never the engine's loop thread) before it is published; when a check blocks, the request is
-cancelled at once (Stop's path: the engine frees the slot at its next step), nothing more is published,
-the replay stream is deleted, and the reply is stored ``blocked`` without its text.
+The deltas are published by the process's one publisher thread (``conversations.delta_publisher``: one Redis
+round trip per engine step for every reply), never by the engine's loop thread. Output moderation
+(docs/safety.md): every delta goes through the reply's ``OutputMonitor`` before it is published, and each check
+runs on this task thread, to which the publisher hands the delta that makes a check due; when a check blocks,
+the request is cancelled at once (Stop's path: the engine frees the slot at its next step), nothing more is
+published, the replay stream is deleted, and the reply is stored ``blocked`` without its text.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import redis
 from django.conf import settings
 
-from conversations import recall
+from conversations import delta_publisher, recall
 from conversations.context import ContextTooLong, assemble_context
 from conversations.generation_worker import (
     generation_branch,
@@ -37,7 +39,7 @@ from documents.retrieval import (
 )
 from events import broadcast
 from inference.backends import EngineDead
-from inference.engine import EngineError, FinishEvent, SamplingParams, TokenEvent
+from inference.engine import EngineError, FinishEvent, SamplingParams
 from inference.worker import WorkerHost, get_host
 from memory.query import question_vector
 from observability import tracing
@@ -212,7 +214,6 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
     # Until the context is recorded (after the first token's publish), hold no connection: give it back to
     # the pool, so a worker's queued and decoding replies do not each hold one (DB_POOL_MAX_SIZE).
     close_request_connections()
-    recorded = False
     # One Redis round trip once the engine has the request: `started`, the reply's lease (taken here, not before
     # the submit) and whether Stop arrived before the request existed in the engine (the flag outlives the
     # pub/sub message); docs/overhead-levers.md, lever 44.
@@ -232,42 +233,19 @@ def _generate(host: WorkerHost, message: Message, request_id: str) -> str:
         raise
     if cancelled:
         handle.cancel()
-    final: FinishEvent | None = None
-    publish_failures = 0
-    first_publish: tuple[int, int] | None = None  # ns: the first delta handed to / accepted by the layer
     monitor = OutputMonitor(tier=tier, user_id=message.conversation.owner_id)
-    blocked: Verdict | None = None
+    # The deltas are published by the process's publisher thread, one Redis round trip per engine step; this
+    # thread checks and publishes those at which a moderation check is due (conversations/delta_publisher.py).
+    feed = delta_publisher.follow(handle, message_id=message.id, monitor=monitor, timer=timer)
+    recorded = False
     with tracing.quiet():  # one Redis span per delta would drown the trace
-        for event in handle.events():
-            if isinstance(event, TokenEvent):
-                timer.token(len(event.token_ids))
-                if blocked is not None:
-                    continue  # deltas the engine made before the cancel reached it: never published
-                blocked = monitor.feed(event.text, len(event.token_ids))
-                if blocked is not None:
-                    handle.cancel()
-                    continue
-                publish_ns = time.time_ns()
-                try:
-                    broadcast.publish(
-                        message.id,
-                        broadcast.frame_token(message_id=message.id, seq=event.seq, text=event.text),
-                    )
-                    if first_publish is None:
-                        first_publish = (publish_ns, time.time_ns())
-                except REDIS_ERRORS:
-                    # Redis is restarting: live viewers miss these deltas, but the generation goes on and its
-                    # final text reaches them in `done` (and from the database on resume).
-                    publish_failures += 1
-                    if publish_failures == 1:
-                        logger.warning("could not publish a delta of message %s", message.id, exc_info=True)
-                if not recorded:
-                    _record_context(handle, message, context, cited)
-                    recorded = True
-            else:
-                final = event
+        for _first in feed.signals():
+            if not recorded:
+                _record_context(handle, message, context, cited)
+                recorded = True
     if not recorded:
         _record_context(handle, message, context, cited)
+    final, blocked, first_publish = feed.final, feed.blocked, feed.first_publish
     assert final is not None, "the engine ends every request with a FinishEvent"
     t = final.timings
     timer.finish_event(final)

@@ -115,38 +115,40 @@ class _Clock:
 
 
 def engine_wave(engine, n: int, sampling, *, round_index: int) -> Wave:
-    """``n`` requests submitted at once straight to ``engine`` (the worker's engine class and settings),
-    each consumed on its own thread as the worker's reply runner does; prompts as the stack renders them
-    (one user turn, the model's chat template)."""
-    from inference.engine import TokenEvent
+    """``n`` requests submitted at once straight to ``engine`` (the worker's engine class and settings), all
+    followed by one thread that the engine wakes and that takes every handle's events at once
+    (``set_waker``/``drain``), as the worker's publisher thread does (``conversations/delta_publisher.py``);
+    prompts as the stack renders them (one user turn, the model's chat template)."""
+    from inference.engine import FinishEvent, TokenEvent
 
     prompts = [engine.render_chat([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(n)]
     streams = [Stream() for _ in range(n)]
-    barrier = threading.Barrier(n + 1)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        clock = _Clock(streams[i], time.perf_counter())
+    woken = threading.Event()
+    started = time.perf_counter()
+    handles, clocks = [], []
+    for i in range(n):
+        clocks.append(_Clock(streams[i], time.perf_counter()))
         handle = engine.submit(
             prompts[i],
             sampling,
             request_id=f"bench-{uuid.uuid4().hex}",
             cache_salt=f"bench:{round_index}:{i}",
         )
-        for event in handle.events():
-            if isinstance(event, TokenEvent):
-                clock.token(len(event.token_ids))
-            else:
-                streams[i].ok = event.finish_reason in ("stop", "length")
-                streams[i].engine_ttft_ms = streams[i].ttft_ms
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
+        handle.set_waker(woken.set)
+        handles.append(handle)
+    woken.set()  # events delivered before a handle's waker was set woke nobody
+    open_ = set(range(n))
+    while open_:
+        woken.wait()
+        woken.clear()  # before draining: an event put meanwhile sets it again
+        for i in list(open_):
+            for event in handles[i].drain():
+                if isinstance(event, TokenEvent):
+                    clocks[i].token(len(event.token_ids))
+                elif isinstance(event, FinishEvent):
+                    streams[i].ok = event.finish_reason in ("stop", "length")
+                    streams[i].engine_ttft_ms = streams[i].ttft_ms
+                    open_.discard(i)
     return Wave(streams, time.perf_counter() - started)
 
 

@@ -247,12 +247,31 @@ def publish_started(message_id: int, frame: dict[str, Any], *, lease_holder: str
     return cancelled
 
 
+def publish_many(frames: list[tuple[int, dict[str, Any]]]) -> None:
+    """:func:`publish` of each ``(message_id, frame)`` in order, all in one pipeline: one Redis round trip for a
+    whole engine step's deltas, where :func:`publish` makes one per delta (``conversations.delta_publisher``).
+    Raises what redis-py raises when Redis is unreachable (then none, or only some, were written)."""
+    pipe = redis_client().pipeline(transaction=False)
+    channels = [_frame_commands(pipe, message_id, frame) for message_id, frame in frames]
+    if len(pipe):
+        pipe.execute()
+    for (message_id, frame), channel in zip(frames, channels, strict=True):
+        if channel is None:
+            _group_send(message_id, frame)
+
+
 def _frame_pipeline(message_id: int, frame: dict[str, Any]):
     """``(pipeline, channel)``: a non-transactional pipeline holding :func:`publish`'s writes for ``frame`` and,
     on the deployed pub/sub layer, its group's ``PUBLISH``; ``channel`` is None on other layers, whose group
     send the caller makes after executing the pipeline."""
-    kind = frame["type"]
     pipe = redis_client().pipeline(transaction=False)
+    return pipe, _frame_commands(pipe, message_id, frame)
+
+
+def _frame_commands(pipe, message_id: int, frame: dict[str, Any]) -> str | None:
+    """Queue :func:`publish`'s writes for ``frame`` on ``pipe``; returns the pub/sub channel its group's
+    ``PUBLISH`` went to, or None on other layers (the caller's group send follows the execute)."""
+    kind = frame["type"]
     if kind == "token":
         key = stream_key(message_id)
         pipe.xadd(key, {"seq": frame["seq"], "text": frame["text"]})
@@ -262,7 +281,7 @@ def _frame_pipeline(message_id: int, frame: dict[str, Any]):
     channel = _pubsub_group_channel(message_group(message_id))
     if channel is not None:
         pipe.publish(channel, get_channel_layer().serialize({"type": "chat.frame", "frame": frame}))
-    return pipe, channel
+    return channel
 
 
 def publish_to_user(user_id: int, frame: dict[str, Any], *, session: str = "") -> None:

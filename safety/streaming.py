@@ -1,9 +1,10 @@
 """Output moderation while a reply streams: the chain runs on the growing reply at sentence ends (or every N
 tokens) and once on the whole reply at the end.
 
-The worker-side adapter feeds every engine delta to an :class:`OutputMonitor` on the reply's own task
-thread, never on the engine's loop thread, so a check delays at most that reply's next publish, not the
-batch's decode step. A partial check looks at the text since the previous check plus ``OVERLAP_CHARS``
+The worker-side adapter feeds every engine delta to an :class:`OutputMonitor`, never on the engine's loop
+thread: the worker's publisher thread feeds the deltas at which no check is due (:meth:`OutputMonitor.due`) and
+hands the others to the reply's own task thread, which runs the check (``conversations.delta_publisher``), so a
+check delays at most that reply's next publish, not the batch's decode step nor another reply's deltas. A partial check looks at the text since the previous check plus ``OVERLAP_CHARS``
 before it (a secret or phrase split across two deltas is still seen whole; the classifier judges the new
 sentence rather than the whole reply, where one bad sentence would be diluted); the final check sees the
 whole reply.
@@ -64,6 +65,18 @@ class OutputMonitor:
         if not due:
             return None
         return self._check(final=False)
+
+    def due(self, text: str, n_tokens: int = 1) -> bool:
+        """Whether :meth:`feed` of this delta would run a partial check (or return a block): pure, no state
+        changes. A caller that must not run guards (``conversations.delta_publisher``'s thread) feeds only
+        deltas for which this is False, and hands the others to a thread that may."""
+        if self.blocked is not None:
+            return True
+        if not self.enabled:
+            return False
+        if self.every_tokens > 0:
+            return self.tokens_since + n_tokens >= self.every_tokens
+        return bool(SENTENCE_END.search(text))
 
     def finish(self, text: str | None = None) -> Verdict | None:
         """The check of the whole reply (``text``, default the deltas fed). Returns the final

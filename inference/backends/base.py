@@ -45,6 +45,16 @@ class ReplyStream(Protocol):
         died under the request."""
         ...
 
+    def drain(self) -> list:
+        """The events delivered so far and not yet taken, without blocking, in :meth:`events`' order; an
+        :class:`EngineDead` instance (not raised) stands where :meth:`events` would raise it."""
+        ...
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """Call ``waker()`` after each event delivered from now on (on an engine thread: quick, never raising);
+        for one thread following many requests with :meth:`drain`."""
+        ...
+
     def cancel(self) -> bool:
         """Stop the request; its slot and KV cache are freed within one engine step. ``False`` once finished."""
         ...

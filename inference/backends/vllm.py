@@ -60,6 +60,7 @@ class VllmStream:
         self._task: asyncio.Task | None = None
         self.prompt_tokens = prompt_tokens
         self.finished = False
+        self._waker = None
 
     def events(self):
         """Text deltas then one ``FinishEvent``; raises :class:`EngineDead` if the engine core died."""
@@ -70,6 +71,27 @@ class VllmStream:
             yield item
             if isinstance(item, FinishEvent):
                 return
+
+    def drain(self) -> list:
+        """Items put so far and not yet taken, without blocking: text deltas, then one ``FinishEvent``, or an
+        :class:`EngineDead` instance (not raised) where :meth:`events` would raise it."""
+        taken = []
+        while True:
+            try:
+                taken.append(self._queue.get_nowait())
+            except queue.Empty:
+                return taken
+
+    def set_waker(self, waker) -> None:
+        """Call ``waker()`` after each item put from now on (``None`` stops it); see ``RequestHandle.set_waker``."""
+        self._waker = waker
+
+    def put(self, item) -> None:
+        """Deliver an event (or :class:`EngineDead`) to the caller; called on vLLM's event loop."""
+        self._queue.put(item)
+        waker = self._waker
+        if waker is not None:
+            waker()
 
     def cancel(self) -> bool:
         return self._engine.cancel(self.request_id)
@@ -243,7 +265,7 @@ class VllmEngine:
                     self._decode_total += len(o.token_ids)
                 if o.text or (out.finished and o.token_ids):
                     text.append(o.text)
-                    stream._queue.put(TokenEvent(stream.request_id, seq, o.text, list(o.token_ids)))
+                    stream.put(TokenEvent(stream.request_id, seq, o.text, list(o.token_ids)))
                     seq += 1
                 if out.finished:
                     reason = FINISH_REASONS.get(o.finish_reason or "", "stop")
@@ -252,7 +274,7 @@ class VllmEngine:
             reason = "cancelled"
         except EngineDeadError:
             self._forget(stream)
-            stream._queue.put(
+            stream.put(
                 EngineDead(
                     "the model server stopped (vLLM engine core died)",
                     text="".join(text),
@@ -266,7 +288,7 @@ class VllmEngine:
         now = time.perf_counter()
         ttft = (first - submitted) * 1000 if first else None
         self._forget(stream)
-        stream._queue.put(
+        stream.put(
             FinishEvent(
                 request_id=stream.request_id,
                 finish_reason=reason,

@@ -230,6 +230,27 @@ class RequestHandle:
                 self._finish = event
             yield event
 
+    def drain(self) -> list[Event]:
+        """The events delivered so far and not yet taken, in order, without blocking (``[]`` when none). For a
+        consumer that follows many requests from one thread, woken by :meth:`set_waker`; do not mix it with
+        :meth:`events` or :meth:`aevents` on one handle."""
+        taken: list[Event] = []
+        while self._finish is None:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(event, FinishEvent):
+                self._finish = event
+            taken.append(event)
+        return taken
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """Call ``waker()`` (no arguments, on the engine's loop thread, so it must be quick and must not raise)
+        after each event is delivered from now on; ``None`` stops it. Events delivered before the call woke
+        nobody: call :meth:`drain` once after setting it."""
+        self._request.waker = waker
+
     async def aevents(self, timeout: float | None = None) -> AsyncIterator[Event]:
         """Async version of :meth:`events`: ``async for event in handle.aevents(): ...``.
 

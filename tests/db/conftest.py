@@ -12,6 +12,7 @@ import logging
 from dataclasses import asdict
 
 import pytest
+import redis
 
 
 def fake_worker(model: str, *, index: int = 0, **load):
@@ -113,3 +114,24 @@ def engine():
     engine.start()
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture
+def redis_log(monkeypatch):
+    """Every Redis command the process sends, in order: ``("cmd", name)`` for one on its own, ``("pipeline",
+    [names])`` for a pipeline's batch."""
+    log = []
+    command, execute = redis.Redis.execute_command, redis.client.Pipeline.execute
+
+    def logged_command(self, *args, **options):
+        if not isinstance(self, redis.client.Pipeline):
+            log.append(("cmd", str(args[0]).upper()))
+        return command(self, *args, **options)
+
+    def logged_execute(self, *args, **kwargs):
+        log.append(("pipeline", [str(c[0][0]).upper() for c in self.command_stack]))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", logged_command)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", logged_execute)
+    return log

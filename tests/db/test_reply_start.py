@@ -5,7 +5,6 @@ released after; a Stop pressed before the engine had the request still cancels i
 a real engine over a tiny random-weight Llama (no Celery: ``run_generation`` is what the task calls)."""
 
 import pytest
-import redis
 
 from billing.models import Tier
 from conversations import generations
@@ -15,27 +14,6 @@ from events import broadcast
 from inference.worker import WorkerHost
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def redis_log(monkeypatch):
-    """Every Redis command the process sends, in order: ``("cmd", name)`` for one on its own, ``("pipeline",
-    [names])`` for a pipeline's batch."""
-    log = []
-    command, execute = redis.Redis.execute_command, redis.client.Pipeline.execute
-
-    def logged_command(self, *args, **options):
-        if not isinstance(self, redis.client.Pipeline):
-            log.append(("cmd", str(args[0]).upper()))
-        return command(self, *args, **options)
-
-    def logged_execute(self, *args, **kwargs):
-        log.append(("pipeline", [str(c[0][0]).upper() for c in self.command_stack]))
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(redis.Redis, "execute_command", logged_command)
-    monkeypatch.setattr(redis.client.Pipeline, "execute", logged_execute)
-    return log
 
 
 def _submit_spy(engine, monkeypatch, log, reply_id):
@@ -60,13 +38,18 @@ def test_a_reply_takes_its_lease_with_its_started_frame_in_one_round_trip_after_
     seen = _submit_spy(engine, monkeypatch, redis_log, reply_id)
     host = WorkerHost(engine)
     held = []
-    publish = broadcast.publish
+    publish, publish_many = broadcast.publish, broadcast.publish_many
 
-    def publish_and_look(message_id, frame):  # each delta: is the lease held while the reply generates?
+    def publish_and_look(message_id, frame):  # a delta handed to the reply's thread (a check was due)
         held.append(broadcast.redis_client().get(broadcast.lease_key(message_id)))
         publish(message_id, frame)
 
+    def publish_many_and_look(frames):  # the publisher thread's deltas: is the lease held meanwhile?
+        held.extend(broadcast.redis_client().get(broadcast.lease_key(message_id)) for message_id, _ in frames)
+        publish_many(frames)
+
     monkeypatch.setattr(broadcast, "publish", publish_and_look)
+    monkeypatch.setattr(broadcast, "publish_many", publish_many_and_look)
     del redis_log[:]
 
     assert run_generation(message_id=reply_id, host=host) == "completed"
