@@ -27,8 +27,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import redis
-
 from events import broadcast
 from inference.backends import EngineDead
 from inference.engine import FinishEvent, TokenEvent
@@ -36,7 +34,7 @@ from observability import tracing
 
 logger = logging.getLogger(__name__)
 
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
+REDIS_ERRORS = broadcast.REDIS_ERRORS
 
 #: Who handles a reply's next delta: this module's thread, or the reply's own task thread (a check is due).
 PUBLISHER, THREAD = "publisher", "thread"
@@ -154,7 +152,12 @@ class DeltaPublisher:
                     while not self._ready:
                         self._cond.wait()
                     feeds, self._ready = list(self._ready.values()), {}
-                self.publish_round(feeds)
+                try:
+                    self.publish_round(feeds)
+                except Exception as exc:  # never reached by design; a reply must not wait forever if it is
+                    logger.exception("the delta publisher's round failed")
+                    for feed in feeds:
+                        feed.inbox.put(("error", exc))
 
     def publish_round(self, feeds: list[ReplyFeed]) -> None:
         """Take every event the ``feeds`` have, publish the deltas this thread may publish in one round trip,

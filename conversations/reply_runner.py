@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
 from django.conf import settings
 
 from conversations import delta_publisher, recall
@@ -51,7 +50,7 @@ from safety.streaming import OutputMonitor
 
 logger = logging.getLogger(__name__)
 
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
+REDIS_ERRORS = broadcast.REDIS_ERRORS
 
 STATUS_BY_FINISH = {
     "stop": Message.Status.COMPLETED,

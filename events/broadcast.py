@@ -24,6 +24,9 @@ from django.db import transaction
 
 CANCEL_CHANNEL = "chatsite:cancel"
 
+#: What redis-py raises while Redis is unreachable or restarting (publishers log these and go on).
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, TimeoutError, OSError)
+
 
 def message_group(message_id: int) -> str:
     """Channel-layer group of one assistant message's stream."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from collections.abc import Callable
 
 from inference.backends.base import EngineDead
 from inference.backends.vllm_args import VllmOptions, queue_seconds, step_stats, vllm_sampling
+from inference.backends.vllm_stream import VllmStream
 from inference.engine import (
     EngineLoad,
     EngineStopped,
@@ -48,53 +48,6 @@ logger = logging.getLogger(__name__)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 #: Seconds between two looks at ``AsyncLLM.errored`` (a core that dies while idle is noticed this soon).
 WATCH_INTERVAL_S = 0.5
-
-
-class VllmStream:
-    """One request on the vLLM backend (a :class:`~inference.backends.base.ReplyStream`)."""
-
-    def __init__(self, engine: VllmEngine, request_id: str, prompt_tokens: int):
-        self.request_id = request_id
-        self._engine = engine
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._task: asyncio.Task | None = None
-        self.prompt_tokens = prompt_tokens
-        self.finished = False
-        self._waker = None
-
-    def events(self):
-        """Text deltas then one ``FinishEvent``; raises :class:`EngineDead` if the engine core died."""
-        while True:
-            item = self._queue.get()
-            if isinstance(item, EngineDead):
-                raise item
-            yield item
-            if isinstance(item, FinishEvent):
-                return
-
-    def drain(self) -> list:
-        """Items put so far and not yet taken, without blocking: text deltas, then one ``FinishEvent``, or an
-        :class:`EngineDead` instance (not raised) where :meth:`events` would raise it."""
-        taken = []
-        while True:
-            try:
-                taken.append(self._queue.get_nowait())
-            except queue.Empty:
-                return taken
-
-    def set_waker(self, waker) -> None:
-        """Call ``waker()`` after each item put from now on (``None`` stops it); see ``RequestHandle.set_waker``."""
-        self._waker = waker
-
-    def put(self, item) -> None:
-        """Deliver an event (or :class:`EngineDead`) to the caller; called on vLLM's event loop."""
-        self._queue.put(item)
-        waker = self._waker
-        if waker is not None:
-            waker()
-
-    def cancel(self) -> bool:
-        return self._engine.cancel(self.request_id)
 
 
 class VllmEngine:
