@@ -28,7 +28,9 @@ def test_start_up_done_freezes_the_heap_and_observes_full_collections(unfrozen):
     assert gc.get_freeze_count() == 0
     held = [[i] for i in range(10_000)]  # alive at the freeze: permanent from then on
     frozen = gc_pauses.startup_done(freeze=True)
-    assert frozen == gc.get_freeze_count() >= len(held)
+    # Frozen objects only leave the permanent generation when freed, which other threads of the test process (an
+    # earlier module's idle workers) may do meanwhile: the count now is at most what the freeze reported.
+    assert frozen >= gc.get_freeze_count() >= len(held)
     assert _sample("chatsite:gc_frozen_objects") == frozen
     tracked_after = len(gc.get_objects())  # what a full collection still walks
     assert tracked_after < frozen
