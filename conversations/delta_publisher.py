@@ -164,7 +164,7 @@ class DeltaPublisher:
         then pass on what their task threads wait for. A failure other than Redis being unreachable fails
         only the replies it concerns (their task threads raise it)."""
         frames: list[tuple[int, dict]] = []
-        published: list[ReplyFeed] = []
+        published: dict[int, ReplyFeed] = {}  # id(feed) -> feed with a delta in `frames`, in order
         after: list[tuple[ReplyFeed, tuple[str, object]]] = []
         for feed in feeds:
             try:
@@ -179,23 +179,23 @@ class DeltaPublisher:
             try:
                 broadcast.publish_many(frames)
             except REDIS_ERRORS:
-                for feed in {id(f): f for f in published}.values():
+                for feed in published.values():
                     feed.publish_failed()
-                published = []
+                published = {}
             except Exception as exc:
                 logger.exception("publishing a step's deltas failed")
-                for feed in {id(f): f for f in published}.values():
+                for feed in published.values():
                     feed.inbox.put(("error", exc))
-                published = []
+                published = {}
             ended = time.time_ns()
-            for feed in published:
+            for feed in published.values():
                 if feed.first_publish is None:
                     feed.first_publish = (started, ended)
                     feed.inbox.put(("first", None))
         for feed, signal in after:
             feed.inbox.put(signal)
 
-    def _take(self, feed: ReplyFeed, frames: list, published: list, after: list) -> None:
+    def _take(self, feed: ReplyFeed, frames: list, published: dict, after: list) -> None:
         for event in feed.stream.drain():
             if isinstance(event, TokenEvent):
                 with feed.lock:
@@ -216,7 +216,7 @@ class DeltaPublisher:
                         broadcast.frame_token(message_id=feed.message_id, seq=event.seq, text=event.text),
                     )
                 )
-                published.append(feed)
+                published[id(feed)] = feed
             elif isinstance(event, FinishEvent):
                 feed.stream.set_waker(None)
                 after.append((feed, ("finish", event)))

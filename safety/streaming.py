@@ -4,8 +4,8 @@ tokens) and once on the whole reply at the end.
 The worker-side adapter feeds every engine delta to an :class:`OutputMonitor`, never on the engine's loop
 thread: the worker's publisher thread feeds the deltas at which no check is due (:meth:`OutputMonitor.due`) and
 hands the others to the reply's own task thread, which runs the check (``conversations.delta_publisher``), so a
-check delays at most that reply's next publish, not the batch's decode step nor another reply's deltas. A partial check looks at the text since the previous check plus ``OVERLAP_CHARS``
-before it (a secret or phrase split across two deltas is still seen whole; the classifier judges the new
+check delays at most that reply's next publish, not the batch's decode step nor another reply's deltas. A
+partial check looks at the text since the previous check plus ``OVERLAP_CHARS`` before it (a secret or phrase split across two deltas is still seen whole; the classifier judges the new
 sentence rather than the whole reply, where one bad sentence would be diluted); the final check sees the
 whole reply.
 """
@@ -52,16 +52,10 @@ class OutputMonitor:
         this delta blocks the reply, else None. After a block every later call returns that verdict."""
         if self.blocked is not None:
             return self.blocked
+        due = self.due(text, n_tokens)  # False when output moderation is off
         self.parts.append(text)
         self.length += len(text)
         self.tokens_since += n_tokens
-        if not self.enabled:
-            return None
-        due = (
-            self.tokens_since >= self.every_tokens
-            if self.every_tokens > 0
-            else bool(SENTENCE_END.search(text))
-        )
         if not due:
             return None
         return self._check(final=False)
