@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from billing.models import DailyQuota, QuotaGrant, QuotaReservation, Tier, UsageRecord
 from billing.quota import QuotaExceeded, quota_day, quota_grant, quota_reserve, quota_settle, quota_status
@@ -167,6 +168,65 @@ def test_settlement_happens_once(alice, redis_clean):
     assert quota_settle(message=ticket.message, used_tokens=30) is True
     assert quota_settle(message=ticket.message, used_tokens=30) is False  # no reservation: charged as usage
     assert quota_status(user=alice).used == 60 and quota_status(user=alice).reserved == 0
+
+
+@pytest.mark.django_db
+def test_a_replys_final_write_settles_its_reservation_in_one_statement(alice, redis_clean):
+    """The settle is one ``DELETE ... RETURNING`` feeding the quota rows' updates (lever 51): no savepoint, no
+    ``SELECT ... FOR UPDATE`` of the reservation, no separate delete; the ledger ends as before."""
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    assert quota_status(user=alice).reserved > 0
+    with CaptureQueriesContext(connection) as queries:
+        generation_worker.generation_finish(
+            message=message, status="completed", text="ok", prompt_tokens=10, completion_tokens=5
+        )
+    sql = [q["sql"] for q in queries.captured_queries]
+    ledger = [q for q in sql if "billing_quotareservation" in q or "billing_dailyquota" in q]
+    assert len(ledger) == 1 and ledger[0].lstrip().startswith("WITH released AS"), ledger
+    # The final write's own transaction (a savepoint inside the test's), the reply, its usage, the settle: no
+    # savepoint of the settle's own (memory, on here, indexes the turn after it).
+    assert [q.split()[0] for q in sql[:4]] == ["SAVEPOINT", "UPDATE", "INSERT", "WITH"], sql
+    status = quota_status(user=alice)
+    assert (status.used, status.reserved) == (15, 0)
+    assert not QuotaReservation.objects.filter(message_id=message.id).exists()
+    assert UsageRecord.objects.get(message_id=message.id).completion_tokens == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settle_racing_another_for_the_same_reply_charges_its_tokens_as_usage(alice, redis_clean):
+    """Two settles of one reply at once (a Stop and the worker's final write): the second waits for the first's
+    row lock, then finds no reservation and charges its tokens as usage; the reservation is released once."""
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    first_holds_the_row, results = threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                results["first"] = quota_settle(message=ticket.message, used_tokens=30)
+                first_holds_the_row.set()
+                second_started.wait(5)
+        finally:
+            connection.close()
+
+    def second():
+        first_holds_the_row.wait(5)
+        second_started.set()
+        try:
+            results["second"] = quota_settle(message=ticket.message, used_tokens=20)
+        finally:
+            connection.close()
+
+    second_started = threading.Event()
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"first": True, "second": False}
+    status = quota_status(user=alice)
+    assert (status.used, status.reserved) == (50, 0)
+    assert not QuotaReservation.objects.exists()
 
 
 @pytest.mark.django_db

@@ -68,7 +68,6 @@ class Command(BaseCommand):
 
 def measure(sends: int) -> dict:
     """One run: ``sends`` timed sends after 5 untimed ones; p50 wall and CPU (ms), statements of the last."""
-    from django.conf import settings
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -77,16 +76,9 @@ def measure(sends: int) -> dict:
     from conversations.models import Conversation, Message
     from database.connections import close_request_connections
     from devtools.bench_tiers import bench_tier
-    from events import broadcast
-    from inference import fleet
     from memory.models import AccountMemory
 
-    for model in settings.INFERENCE_MODELS:  # an idle worker for admission, as the database tests do
-        status = fleet.WorkerStatus(
-            worker_id=f"{TIER}-{model}", host=TIER, pid=0, model=model, ready=True, max_num_seqs=32
-        )
-        status.updated_at = time.time()
-        broadcast.redis_client().set(fleet.status_key(status.worker_id), json.dumps(asdict(status)), ex=120)
+    publish_idle_worker(TIER, max_num_seqs=32)
     tier = bench_tier(TIER, display_name="Send cost bench", max_tokens=32)
     user = User.objects.get_or_create(username=TIER, defaults={"tier": tier})[0]
     AccountMemory.objects.update_or_create(user=user, defaults={"enabled": False})
@@ -111,11 +103,27 @@ def measure(sends: int) -> dict:
                 statements = len(queries.captured_queries)
     finally:
         Conversation.objects.filter(owner=user).delete()
-        _purge_model_queues()
+        purge_model_queues()
     return {"wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus), "statements": statements}
 
 
-def _purge_model_queues() -> None:
+def publish_idle_worker(host: str, *, max_num_seqs: int) -> None:
+    """Publish an idle, ready worker status per configured model (for 120 s), as the database tests do, so that
+    the run's own sends are admitted without a worker."""
+    from django.conf import settings
+
+    from events import broadcast
+    from inference import fleet
+
+    for model in settings.INFERENCE_MODELS:
+        status = fleet.WorkerStatus(
+            worker_id=f"{host}-{model}", host=host, pid=0, model=model, ready=True, max_num_seqs=max_num_seqs
+        )
+        status.updated_at = time.time()
+        broadcast.redis_client().set(fleet.status_key(status.worker_id), json.dumps(asdict(status)), ex=120)
+
+
+def purge_model_queues() -> None:
     """Drop the tasks the run sent (no worker was meant to take them)."""
     from celery import current_app
 

@@ -1,0 +1,160 @@
+"""``manage.py bench_finish_cost``: what a reply's final write costs in-process (``generation_worker.generation_finish``
+for a claimed reply of a new conversation, as the GPU worker's reply thread calls it), its statements, and the CPU
+of the process per final write (``time.process_time``: every thread's, and on a VM the time their own system
+calls take) when the final writes run one after another and when ``--replies`` of them run at once on as many
+threads, as when a step of the engine ends that many replies together (a 32-client wave ends in one or two steps).
+No worker is needed: an idle worker status is published for the run's own admission and the tasks its sends queue
+are purged from the broker afterwards. ``--checkouts A,B`` measures each checkout's product code in turn (this
+file run as a script in that directory), alternated ``--rounds`` times, as ``bench_send_cost`` does. A benchmark
+that prints figures, not a test; ``docs/overhead-levers.md`` (lever 51) holds them.
+
+    manage.py bench_finish_cost --checkouts ../before,. --rounds 3 --replies 30
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "In-process cost of a reply's final write, one at a time and N at once; --checkouts compares two."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--replies", type=int, default=30, help="final writes per batch (threads at once)"
+        )
+        parser.add_argument("--rounds", type=int, default=3, help="runs per checkout, alternated")
+        parser.add_argument("--checkouts", default="", help="comma-separated checkout directories")
+
+    def handle(self, *args, replies, rounds, checkouts, **options):
+        dirs = [d for d in checkouts.split(",") if d]
+        runs: dict[str, list[dict]] = {d: [] for d in dirs or ["."]}
+        for _ in range(rounds):
+            for d in runs:
+                if not dirs:
+                    runs[d].append(measure(replies))
+                    continue
+                out = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), str(replies)],
+                    cwd=d,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                runs[d].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        self.stdout.write(
+            f"bench_finish_cost: {rounds} run(s) x {replies} final writes per checkout; load average "
+            f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        )
+        self.stdout.write(
+            "| checkout | statements | CPU per final write, one at a time, ms | CPU per final write, "
+            f"{replies} at once, ms | wall of {replies} at once, ms |"
+        )
+        self.stdout.write("|---|---|---|---|---|")
+        for d, rows in runs.items():
+            cells = []
+            for key in ("sequential_cpu_ms", "concurrent_cpu_ms", "concurrent_wall_ms"):
+                v = [r[key] for r in rows]
+                cells.append(f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")
+            self.stdout.write(f"| {d} | {rows[-1]['statements']} | {' | '.join(cells)} |")
+
+
+def measure(replies: int) -> dict:
+    """One run: ``replies`` claimed replies written one after another, then ``replies`` more at once on as many
+    threads; CPU per final write (ms) each way, the wall time of the concurrent batch, statements of one."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from accounts.models import User
+    from conversations import generation_worker, generations
+    from conversations.models import Conversation, Message
+    from database.connections import close_request_connections
+    from devtools.bench_tiers import bench_tier
+    from memory.models import AccountMemory
+
+    helpers = _send_cost_module()  # this checkout's, whichever checkout is measured
+    tier_name = "bench-finish-cost"
+    helpers.publish_idle_worker(tier_name, max_num_seqs=replies + 1)
+    tier = bench_tier(tier_name, display_name="Finish cost bench", max_tokens=32)
+    user = User.objects.get_or_create(username=tier_name, defaults={"tier": tier})[0]
+    AccountMemory.objects.update_or_create(user=user, defaults={"enabled": False})
+
+    def claimed(n: int) -> list[Message]:
+        out = []
+        for _ in range(n):
+            ticket = generations.reply_request(
+                user=user, conversation_id=None, content="Say hello.", client_id=uuid.uuid4(), resend=False
+            )
+            close_request_connections()
+            out.append(generation_worker.generation_start(message_id=ticket.message.pk))
+        return out
+
+    def finish(message: Message) -> None:
+        generation_worker.generation_finish(
+            message=message,
+            status=Message.Status.COMPLETED,
+            text="Hello there! How can I help you today?",
+            finish_reason="length",
+            prompt_tokens=36,
+            completion_tokens=32,
+            ttft_ms=20,
+            duration_ms=900,
+        )
+        close_request_connections()
+
+    try:
+        first, *batch = claimed(replies + 1)
+        with CaptureQueriesContext(connection) as queries:
+            finish(first)
+        cpu = time.process_time()
+        for message in batch:
+            finish(message)
+        sequential = (time.process_time() - cpu) * 1000 / len(batch)
+        batch = claimed(replies)
+        threads = [threading.Thread(target=finish, args=(m,)) for m in batch]
+        cpu, wall = time.process_time(), time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        concurrent = (time.process_time() - cpu) * 1000 / len(batch)
+        wall = (time.perf_counter() - wall) * 1000
+    finally:
+        Conversation.objects.filter(owner=user).delete()
+        helpers.purge_model_queues()
+    return {
+        "statements": len(queries.captured_queries),
+        "sequential_cpu_ms": sequential,
+        "concurrent_cpu_ms": concurrent,
+        "concurrent_wall_ms": wall,
+    }
+
+
+def _send_cost_module():
+    """``bench_send_cost`` loaded from beside this file: its idle-worker status and queue purge, also when this
+    file runs in an older checkout that lacks them."""
+    path = Path(__file__).with_name("bench_send_cost.py")
+    spec = importlib.util.spec_from_file_location("_bench_send_cost_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":  # a run for --checkouts, in the checkout measured (the working directory)
+    sys.path[0] = os.getcwd()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.dev")
+    import django
+
+    django.setup()
+    print(json.dumps(measure(int(sys.argv[1]))))
