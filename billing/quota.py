@@ -327,16 +327,18 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
 
 
 #: :func:`quota_settle`'s statement; parameters: the reply's id, then the tokens used twice (user, pool). Every
-#: data-modifying part of a ``WITH`` runs to completion whether or not the final ``SELECT`` reads it.
+#: data-modifying part of a ``WITH`` runs to completion whether or not the final ``SELECT`` reads it, in an order
+#: PostgreSQL does not promise, so the pool's update reads the member's (``FROM own``): the member row is locked
+#: before the pool row, as admission locks them, and concurrent members cannot deadlock.
 _SETTLE_SQL = """
 WITH released AS (
     DELETE FROM {reservation} WHERE message_id = %s RETURNING quota_id, pool_id, tokens
 ), own AS (
     UPDATE {quota} AS q SET reserved_tokens = q.reserved_tokens - r.tokens, used_tokens = q.used_tokens + %s
-    FROM released AS r WHERE q.id = r.quota_id
+    FROM released AS r WHERE q.id = r.quota_id RETURNING r.pool_id, r.tokens
 ), pooled AS (
-    UPDATE {pool} AS p SET reserved_tokens = p.reserved_tokens - r.tokens, used_tokens = p.used_tokens + %s
-    FROM released AS r WHERE p.id = r.pool_id
+    UPDATE {pool} AS p SET reserved_tokens = p.reserved_tokens - o.tokens, used_tokens = p.used_tokens + %s
+    FROM own AS o WHERE p.id = o.pool_id
 )
 SELECT count(*) FROM released
 """
