@@ -297,9 +297,9 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     ``user`` (default: the conversation's owner) so usage is never lost. Idempotent for a reservation.
 
     A reservation is settled in one statement (:data:`_SETTLE_SQL`: the reservation's ``DELETE ...
-    RETURNING`` feeding the user's and the pool's ``UPDATE``), one round trip where the ORM made five (a
-    savepoint, the row's ``SELECT ... FOR UPDATE``, two updates and the delete, and the savepoint's release;
-    docs/overhead-levers.md, lever 51). The ``DELETE`` locks the row as the ``FOR UPDATE`` did, so a concurrent
+    RETURNING`` feeding the user's and the pool's ``UPDATE``), one round trip where the ORM made five, six for a
+    team's member (a savepoint, the row's ``SELECT ... FOR UPDATE``, the quota row's update and the pool's, the
+    delete, the savepoint's release; docs/overhead-levers.md, lever 51). The ``DELETE`` locks the row as the ``FOR UPDATE`` did, so a concurrent
     settle of the same reply waits, then finds no reservation and charges its tokens as usage, as before.
     """
     if used_tokens < 0:

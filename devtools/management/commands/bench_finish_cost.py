@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,21 +37,9 @@ class Command(BaseCommand):
         parser.add_argument("--checkouts", default="", help="comma-separated checkout directories")
 
     def handle(self, *args, replies, rounds, checkouts, **options):
-        dirs = [d for d in checkouts.split(",") if d]
-        runs: dict[str, list[dict]] = {d: [] for d in dirs or ["."]}
-        for _ in range(rounds):
-            for d in runs:
-                if not dirs:
-                    runs[d].append(measure(replies))
-                    continue
-                out = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), str(replies)],
-                    cwd=d,
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                runs[d].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        from devtools.management.commands.bench_send_cost import checkout_runs
+
+        runs = checkout_runs(__file__, measure, replies, checkouts=checkouts, rounds=rounds)
         self.stdout.write(
             f"bench_finish_cost: {rounds} run(s) x {replies} final writes per checkout; load average "
             f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
