@@ -312,17 +312,7 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     if used_tokens:
         with transaction.atomic():
             owner = user if user is not None else message.conversation.owner
-            day = quota_day()
-            _ensure_row(user_id=owner.pk, day=day)
-            DailyQuota.objects.filter(user_id=owner.pk, day=day).update(
-                used_tokens=F("used_tokens") + used_tokens
-            )
-            pool = pool_for(user=owner)
-            if pool is not None:
-                _ensure_pool_row(organization_id=pool.organization_id, day=day)
-                PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).update(
-                    used_tokens=F("used_tokens") + used_tokens
-                )
+            _add_to_day(user=owner, day=quota_day(), field="used_tokens", tokens=used_tokens)
     return False
 
 
@@ -353,6 +343,19 @@ def _settle_sql() -> str:
     )
 
 
+def _add_to_day(*, user, day: date, field: str, tokens: int) -> None:
+    """Add ``tokens`` to ``field`` (``used_tokens`` or ``granted_tokens``) of ``user``'s row for ``day`` and, for a
+    member of a paying team, of the team pool's row, creating either row when missing. Call inside a transaction."""
+    _ensure_row(user_id=user.pk, day=day)
+    DailyQuota.objects.filter(user_id=user.pk, day=day).update(**{field: F(field) + tokens})
+    pool = pool_for(user=user)
+    if pool is not None:
+        _ensure_pool_row(organization_id=pool.organization_id, day=day)
+        PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).update(
+            **{field: F(field) + tokens}
+        )
+
+
 def quota_grant(
     *, user, tokens: int, day: date | None = None, reason: str = "", granted_by=None
 ) -> QuotaGrant:
@@ -362,16 +365,7 @@ def quota_grant(
         raise ValueError("a grant adds at least one token")
     day = day or quota_day()
     with transaction.atomic():
-        _ensure_row(user_id=user.pk, day=day)
-        DailyQuota.objects.filter(user_id=user.pk, day=day).update(
-            granted_tokens=F("granted_tokens") + tokens
-        )
-        pool = pool_for(user=user)
-        if pool is not None:
-            _ensure_pool_row(organization_id=pool.organization_id, day=day)
-            PoolDailyQuota.objects.filter(organization_id=pool.organization_id, day=day).update(
-                granted_tokens=F("granted_tokens") + tokens
-            )
+        _add_to_day(user=user, day=day, field="granted_tokens", tokens=tokens)
         return QuotaGrant.objects.create(
             user=user, day=day, tokens=tokens, reason=reason, granted_by=granted_by
         )
