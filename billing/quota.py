@@ -33,7 +33,7 @@ import functools
 from dataclasses import dataclass
 from datetime import date
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -299,14 +299,13 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     A reservation is settled in one statement (:data:`_SETTLE_SQL`: the reservation's ``DELETE ...
     RETURNING`` feeding the user's and the pool's ``UPDATE``), one round trip where the ORM made five, six for a
     team's member (a savepoint, the row's ``SELECT ... FOR UPDATE``, the quota row's update and the pool's, the
-    delete, the savepoint's release; docs/overhead-levers.md, lever 51). The ``DELETE`` locks the row as the ``FOR UPDATE`` did, so a concurrent
-    settle of the same reply waits, then finds no reservation and charges its tokens as usage, as before.
+    delete, the savepoint's release; docs/overhead-levers.md, lever 51), run as a prepared statement
+    (``database.sql.fetch_one``). The ``DELETE`` locks the row as the ``FOR UPDATE`` did, so a concurrent settle
+    of the same reply waits, then finds no reservation and charges its tokens as usage, as before.
     """
     if used_tokens < 0:
         raise ValueError("token counts must be non-negative")
-    with connection.cursor() as cursor:
-        cursor.execute(_settle_sql(), [message.pk, used_tokens, used_tokens])
-        (settled,) = cursor.fetchone()
+    (settled,) = fetch_one(_settle_sql(), [message.pk, used_tokens, used_tokens])
     if settled:
         return True
     if used_tokens:
