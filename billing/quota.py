@@ -296,7 +296,7 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     transaction, or already settled and then finished late) charges ``used_tokens`` to today's row of
     ``user`` (default: the conversation's owner) so usage is never lost. Idempotent for a reservation.
 
-    A reservation is settled in one statement (:data:`_SETTLE_SQL`: the reservation's ``DELETE ...
+    A reservation is settled in one statement (:func:`settle_sql`'s items: the reservation's ``DELETE ...
     RETURNING`` feeding the user's and the pool's ``UPDATE``), one round trip where the ORM made five, six for a
     team's member (a savepoint, the row's ``SELECT ... FOR UPDATE``, the quota row's update and the pool's, the
     delete, the savepoint's release; docs/overhead-levers.md, lever 51), run as a prepared statement
@@ -305,41 +305,62 @@ def quota_settle(*, message, used_tokens: int, user=None) -> bool:
     """
     if used_tokens < 0:
         raise ValueError("token counts must be non-negative")
-    (settled,) = fetch_one(_settle_sql(), [message.pk, used_tokens, used_tokens])
+    (settled,) = fetch_one(_settle_sql(), {"message_id": message.pk, "used_tokens": used_tokens})
     if settled:
         return True
     if used_tokens:
-        with transaction.atomic():
-            owner = user if user is not None else message.conversation.owner
-            _add_to_day(user=owner, day=quota_day(), field="used_tokens", tokens=used_tokens)
+        quota_charge_unreserved(
+            user=user if user is not None else message.conversation.owner, tokens=used_tokens
+        )
     return False
 
 
-#: :func:`quota_settle`'s statement; parameters: the reply's id, then the tokens used twice (user, pool). Every
-#: data-modifying part of a ``WITH`` runs to completion whether or not the final ``SELECT`` reads it, in an order
-#: PostgreSQL does not promise, so the pool's update reads the member's (``FROM own``): the member row is locked
-#: before the pool row, as admission locks them, and concurrent members cannot deadlock.
-_SETTLE_SQL = """
-WITH released AS (
-    DELETE FROM {reservation} WHERE message_id = %s RETURNING quota_id, pool_id, tokens
+def quota_charge_unreserved(*, user, tokens: int) -> None:
+    """Charge ``tokens`` (>= 0) used by a reply that had no reservation left to settle to today's row of ``user``
+    (and the team pool's), creating the rows when missing: the fallback of :func:`quota_settle` and of a final
+    write that settles in its own statement (:func:`settle_sql`). Nothing for 0 tokens."""
+    if tokens:
+        with transaction.atomic():
+            _add_to_day(user=user, day=quota_day(), field="used_tokens", tokens=tokens)
+
+
+#: The settle's ``WITH`` items (``released``, ``own``, ``pooled``); named parameters ``%(used_tokens)s`` and
+#: whatever ``{message_id}`` (an SQL expression for the reply's id) uses. Every data-modifying part of a ``WITH``
+#: runs to completion whether or not the final ``SELECT`` reads it, in an order PostgreSQL does not promise, so
+#: the pool's update reads the member's (``FROM own``): the member row is locked before the pool row, as
+#: admission locks them, and concurrent members cannot deadlock.
+_SETTLE_ITEMS = """released AS (
+    DELETE FROM {reservation} WHERE message_id = {message_id} RETURNING quota_id, pool_id, tokens
 ), own AS (
-    UPDATE {quota} AS q SET reserved_tokens = q.reserved_tokens - r.tokens, used_tokens = q.used_tokens + %s
-    FROM released AS r WHERE q.id = r.quota_id RETURNING r.pool_id, r.tokens
+    UPDATE {quota} AS q
+       SET reserved_tokens = q.reserved_tokens - r.tokens, used_tokens = q.used_tokens + %(used_tokens)s
+      FROM released AS r WHERE q.id = r.quota_id RETURNING r.pool_id, r.tokens
 ), pooled AS (
-    UPDATE {pool} AS p SET reserved_tokens = p.reserved_tokens - o.tokens, used_tokens = p.used_tokens + %s
-    FROM own AS o WHERE p.id = o.pool_id
-)
-SELECT count(*) FROM released
-"""
+    UPDATE {pool} AS p
+       SET reserved_tokens = p.reserved_tokens - o.tokens, used_tokens = p.used_tokens + %(used_tokens)s
+      FROM own AS o WHERE p.id = o.pool_id
+)"""
+
+
+@functools.cache
+def settle_sql(message_id: str) -> str:
+    """The ``WITH`` items that settle a reply's reservation, for a statement of the caller's that begins
+    ``WITH`` them (or puts them after its own items) and reads ``SELECT count(*) FROM released`` (1: a
+    reservation was settled; 0: none was left, charge with :func:`quota_charge_unreserved`). ``message_id``:
+    an SQL expression for the reply's id (``"%(message_id)s"``, or a subquery on an earlier item); the tokens
+    used bind as ``%(used_tokens)s``. Sources: PostgreSQL's "Data-Modifying Statements in WITH"."""
+    return _SETTLE_ITEMS.format(
+        reservation=QuotaReservation._meta.db_table,
+        quota=DailyQuota._meta.db_table,
+        pool=PoolDailyQuota._meta.db_table,
+        message_id=message_id,
+    )
 
 
 @functools.cache
 def _settle_sql() -> str:
-    return _SETTLE_SQL.format(
-        reservation=QuotaReservation._meta.db_table,
-        quota=DailyQuota._meta.db_table,
-        pool=PoolDailyQuota._meta.db_table,
-    )
+    """:func:`quota_settle`'s statement; parameters ``message_id`` and ``used_tokens``."""
+    return f"WITH {settle_sql('%(message_id)s')}\nSELECT count(*) FROM released"
 
 
 def _add_to_day(*, user, day: date, field: str, tokens: int) -> None:

@@ -1,5 +1,7 @@
 """Writes to the usage ledger, the tier table and upgrade requests (quota writes: ``billing/quota.py``)."""
 
+import functools
+
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -20,6 +22,25 @@ def usage_record_create(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
     )
+
+
+#: :func:`usage_record_sql`'s item; ``{table}``: the usage table, ``{source}``: the ``WITH`` item of the reply.
+_USAGE_ITEM = """usage AS (
+    INSERT INTO {table} (user_id, message_id, model_name, prompt_tokens, completion_tokens, created_at)
+    SELECT %(user_id)s, {source}.id, %(model_name)s, %(prompt_tokens)s, %(completion_tokens)s, %(now)s
+      FROM {source}
+     WHERE %(prompt_tokens)s + %(completion_tokens)s > 0
+)"""
+
+
+@functools.cache
+def usage_record_sql(source: str) -> str:
+    """A ``WITH`` item (``usage``) that records, as :func:`usage_record_create` does, the usage of the reply whose
+    id the earlier item ``source`` returns (none when it returns no row, or when both counts are 0), for a caller
+    that stores the reply and its usage in one statement (``conversations.generation_worker``). Named parameters:
+    ``user_id``, ``model_name``, ``prompt_tokens``, ``completion_tokens`` (the caller checks they are >= 0) and
+    ``now`` (the record's ``created_at``)."""
+    return _USAGE_ITEM.format(table=UsageRecord._meta.db_table, source=source)
 
 
 def tiers_ensure() -> list[Tier]:

@@ -14,11 +14,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Tier
-from billing.quota import quota_settle
-from billing.services import usage_record_create
+from billing.quota import quota_charge_unreserved, settle_sql
+from billing.services import usage_record_create, usage_record_sql
 from conversations import branches, recall
 from conversations.models import Conversation, Message
-from database.sql import instances_from_row, prepared_cursor, select_list
+from database.sql import fetch_one, instances_from_row, prepared_cursor, select_list
 from database.storable_text import storable_text
 from documents.models import Document
 from documents.selectors import citations_for_messages
@@ -201,15 +201,19 @@ def generation_finish(
         "error": error,
         "updated_at": timezone.now(),
     }
+    if prompt_tokens < 0 or completion_tokens < 0:
+        raise ValueError("token counts must be non-negative")
     with transaction.atomic():
-        updated = Message.objects.filter(
-            pk=message.pk, status__in=[Message.Status.STREAMING, Message.Status.INTERRUPTED]
-        ).update(**final)
+        updated, settled = _write_final(message, final)
         if updated:
             # What was written is what is stored: no read back, and the conversation, owner and tier the claim
             # loaded stay cached on the instance (refresh_from_db drops them, and each was a read again).
             for name, value in final.items():
                 setattr(message, name, value)
+            if not settled:  # no reservation left (admitted outside a transaction): charge the day directly
+                quota_charge_unreserved(
+                    user=message.conversation.owner, tokens=prompt_tokens + completion_tokens
+                )
         else:  # someone else ended it (a Stop, the reaper): the stored state is the truth
             try:
                 message.refresh_from_db()
@@ -222,16 +226,6 @@ def generation_finish(
                 _charge_deleted(message, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
                 broadcast.publish_on_commit(message.id, broadcast.frame_done(message=message))
                 return message
-        if updated and (prompt_tokens or completion_tokens):
-            usage_record_create(
-                user=message.conversation.owner,
-                message=message,
-                model_name=message.model_name,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-            )
-        if updated:  # release the quota reserved at admission; charge the real count
-            quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens)
         if updated and on_written is not None:
             on_written()
         # What the worker's claim read (lever 21) spares reads here (lever 36): memory that was off then
@@ -253,10 +247,51 @@ def generation_finish(
     return message
 
 
+#: The reply's final ``UPDATE`` as the first ``WITH`` item of :func:`_final_statement`.
+_FINAL_ITEM = """final AS (
+    UPDATE {table}
+       SET status = %(status)s, content = %(content)s, finish_reason = %(finish_reason)s,
+           prompt_tokens = %(prompt_tokens)s, completion_tokens = %(completion_tokens)s, ttft_ms = %(ttft_ms)s,
+           duration_ms = %(duration_ms)s, error = %(error)s, updated_at = %(updated_at)s
+     WHERE id = %(message_id)s AND status = ANY(%(open)s)
+ RETURNING id
+)"""
+
+
+@functools.cache
+def _final_statement() -> str:
+    return (
+        f"WITH {_FINAL_ITEM.format(table=Message._meta.db_table)},\n{usage_record_sql('final')},\n"
+        f"{settle_sql('(SELECT id FROM final)')}\nSELECT (SELECT count(*) FROM final), (SELECT count(*) FROM released)"
+    )
+
+
+def _write_final(message: Message, final: dict) -> tuple[bool, bool]:
+    """Store ``final`` (the fields :func:`generation_finish` writes) on ``message`` if it is still ``streaming``
+    or ``interrupted``, and with it its usage record (when it used tokens) and its quota reservation's settle,
+    in one prepared statement (three ``WITH`` items: the reply's ``UPDATE ... RETURNING``, the usage ``INSERT``
+    reading it, ``billing.quota.settle_sql`` deleting the reservation of the id it returned). Returns ``(updated,
+    settled)``: nothing but the ``UPDATE``'s check runs when the reply was already ended. It was three
+    statements, two of them compiled by the ORM on every call (docs/overhead-levers.md, lever 52). Lock order
+    as before: the reply's row, then the reservation, the user's quota row, the pool's."""
+    tokens = final["prompt_tokens"] + final["completion_tokens"]
+    params = {
+        **final,
+        "message_id": message.pk,
+        "open": [Message.Status.STREAMING, Message.Status.INTERRUPTED],
+        "user_id": message.conversation.owner_id,
+        "model_name": message.model_name,
+        "now": final["updated_at"],
+        "used_tokens": tokens,
+    }
+    updated, settled = fetch_one(_final_statement(), params)
+    return bool(updated), bool(settled)
+
+
 def _charge_deleted(message: Message, *, prompt_tokens: int, completion_tokens: int) -> None:
     """Charge the tokens a reply deleted while it streamed generated: a usage record with no message link
     (as one whose message was deleted later has) and the count on the owner's day, with no reservation left
-    to settle (``quota_settle``'s charge). Nothing when it generated nothing, or the account is gone too
+    to settle (``billing.quota.quota_charge_unreserved``). Nothing when it generated nothing, or the account is gone too
     (its quota rows went with it)."""
     owner = message.conversation.owner
     if not (prompt_tokens or completion_tokens) or not get_user_model().objects.filter(pk=owner.pk).exists():
@@ -268,4 +303,4 @@ def _charge_deleted(message: Message, *, prompt_tokens: int, completion_tokens: 
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
     )
-    quota_settle(message=message, used_tokens=prompt_tokens + completion_tokens, user=owner)
+    quota_charge_unreserved(user=owner, tokens=prompt_tokens + completion_tokens)

@@ -171,9 +171,10 @@ def test_settlement_happens_once(alice, redis_clean):
 
 
 @pytest.mark.django_db
-def test_a_replys_final_write_settles_its_reservation_in_one_statement(alice, redis_clean):
-    """The settle is one ``DELETE ... RETURNING`` feeding the quota rows' updates (lever 51): no savepoint, no
-    ``SELECT ... FOR UPDATE`` of the reservation, no separate delete; the ledger ends as before."""
+def test_a_replys_final_write_stores_the_reply_its_usage_and_its_settle_in_one_statement(alice, redis_clean):
+    """The reply's ``UPDATE``, its usage ``INSERT`` and the reservation's settle (one ``DELETE ... RETURNING``
+    feeding the quota rows' updates, lever 51) are one statement (lever 52): no savepoint of the settle's own,
+    no ``SELECT ... FOR UPDATE`` of the reservation; the reply, the usage and the ledger end as before."""
     ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
     message = generation_worker.generation_start(message_id=ticket.message.id)
     assert quota_status(user=alice).reserved > 0
@@ -182,15 +183,41 @@ def test_a_replys_final_write_settles_its_reservation_in_one_statement(alice, re
             message=message, status="completed", text="ok", prompt_tokens=10, completion_tokens=5
         )
     sql = [q["sql"] for q in queries.captured_queries]
-    ledger = [q for q in sql if "billing_quotareservation" in q or "billing_dailyquota" in q]
-    assert len(ledger) == 1 and ledger[0].lstrip().startswith("WITH released AS"), ledger
-    # The final write's own transaction (a savepoint inside the test's), the reply, its usage, the settle: no
-    # savepoint of the settle's own (memory, on here, indexes the turn after it).
-    assert [q.split()[0] for q in sql[:4]] == ["SAVEPOINT", "UPDATE", "INSERT", "WITH"], sql
+    touched = [q for q in sql if "billing_quotareservation" in q or "billing_usagerecord" in q]
+    assert len(touched) == 1, touched
+    statement = touched[0].lstrip()
+    assert statement.startswith("WITH final AS") and "billing_dailyquota" in statement
+    # The final write's own transaction (a savepoint inside the test's), then the one statement (memory, on
+    # here, indexes the turn after it).
+    assert [q.split()[0] for q in sql[:2]] == ["SAVEPOINT", "WITH"], sql
     status = quota_status(user=alice)
     assert (status.used, status.reserved) == (15, 0)
     assert not QuotaReservation.objects.filter(message_id=message.id).exists()
     assert UsageRecord.objects.get(message_id=message.id).completion_tokens == 5
+    stored = Message.objects.get(pk=message.id)
+    assert (stored.status, stored.content, stored.prompt_tokens) == ("completed", "ok", 10)
+
+
+@pytest.mark.django_db
+def test_a_final_write_with_no_reservation_left_charges_the_day_and_a_late_one_writes_nothing(
+    alice, redis_clean
+):
+    """A reply whose reservation is gone (settled by a Stop) still charges its tokens to the day when its final
+    write stores it; a second final write of an ended reply stores nothing: no usage, no charge."""
+    ticket = generations.reply_request(user=alice, conversation_id=None, content="hi")
+    message = generation_worker.generation_start(message_id=ticket.message.id)
+    QuotaReservation.objects.filter(message_id=message.id).delete()
+    DailyQuota.objects.filter(user=alice).update(reserved_tokens=0)
+    generation_worker.generation_finish(
+        message=message, status="completed", text="ok", prompt_tokens=7, completion_tokens=3
+    )
+    assert (quota_status(user=alice).used, quota_status(user=alice).reserved) == (10, 0)
+    again = generation_worker.generation_start(message_id=ticket.message.id)
+    assert again is None
+    generation_worker.generation_finish(message=message, status="failed", text="", prompt_tokens=4)
+    assert quota_status(user=alice).used == 10
+    assert UsageRecord.objects.filter(message_id=message.id).count() == 1
+    assert Message.objects.get(pk=message.id).status == "completed"
 
 
 @pytest.mark.django_db(transaction=True)
