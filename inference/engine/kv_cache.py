@@ -93,7 +93,12 @@ class KVCache:
             (``None``: a quarter of ``budget_tokens``, at most :attr:`RETAIN_TOKENS`); see the module docstring.
 
     Attributes:
-        k, v: Lists (one per layer) of ``[num_slots, num_kv_heads, slot_len, head_dim]`` tensors.
+        k_stack, v_stack: Every layer's K (V) in one ``[num_layers, num_slots, num_kv_heads, slot_len, head_dim]``
+            tensor, so that moving a slot's K/V (compaction, the prefix cache's copies) is one strided copy for
+            all layers instead of one per layer: each such small copy costs more in dispatch, and in giving up
+            and retaking the GIL beside the worker's other threads, than in bytes moved.
+        k, v: Lists (one per layer) of ``[num_slots, num_kv_heads, slot_len, head_dim]`` views of those
+            (contiguous: what the forward pass writes and attention reads).
         num_active: Active slots are exactly ``0 .. num_active - 1``.
     """
 
@@ -122,15 +127,13 @@ class KVCache:
             retain_tokens = min(budget_tokens // 4, self.RETAIN_TOKENS)
         self.retain_tokens = max(0, retain_tokens)
         shape = (num_slots, num_kv_heads, slot_len, head_dim)
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self._maps: list[mmap.mmap] = []
-        for _ in range(num_layers):
-            for store in (self.k, self.v):
-                tensor, buf = lazy_zeros(shape, dtype, device)
-                store.append(tensor)
-                if buf is not None:
-                    self._maps.append(buf)
+        self.k_stack, k_map = lazy_zeros((num_layers, *shape), dtype, device)
+        self.v_stack, v_map = lazy_zeros((num_layers, *shape), dtype, device)
+        self.k: list[torch.Tensor] = list(self.k_stack.unbind(0))
+        self.v: list[torch.Tensor] = list(self.v_stack.unbind(0))
+        self._maps: list[mmap.mmap] = [buf for buf in (k_map, v_map) if buf is not None]
+        #: Bytes of one layer's K (or V) in its map: layer ``i``'s bytes start at ``i * _layer_bytes``.
+        self._layer_bytes = math.prod(shape) * self.k_stack.element_size()
         self.num_kv_heads = num_kv_heads
         self._row_bytes = head_dim * torch.empty((), dtype=dtype).element_size()
         #: Bytes of K/V one token position takes over all layers (K and V, every KV head).
@@ -167,7 +170,7 @@ class KVCache:
         """Free ``owner``'s slot and reservation; compact by moving the last active slot into it.
 
         The moved request's ``slot`` attribute is updated; its first ``num_cached`` positions are
-        copied (one strided copy per layer and K/V). Pages the mover will never use (past its
+        copied (one strided copy for K and one for V, all layers at once). Pages the mover will never use (past its
         reservation, left over from the freed request) and the whole vacated last slot are
         returned to the OS, so resident KV memory stays within the reservations of running
         requests.
@@ -181,10 +184,9 @@ class KVCache:
             mover = self._owners[last]
             assert mover is not None
             n = mover.num_cached
-            if n > 0:
-                for layer in range(self.num_layers):
-                    self.k[layer][slot, :, :n].copy_(self.k[layer][last, :, :n])
-                    self.v[layer][slot, :, :n].copy_(self.v[layer][last, :, :n])
+            if n > 0:  # every layer's positions in one copy each for K and V
+                self.k_stack[:, slot, :, :n].copy_(self.k_stack[:, last, :, :n])
+                self.v_stack[:, slot, :, :n].copy_(self.v_stack[:, last, :, :n])
             self._owners[slot] = mover
             self._reserved[slot] = self._reserved[last]
             mover.slot = slot
@@ -221,8 +223,11 @@ class KVCache:
             self._high_water[slot] = keep
 
     def _madvise_free(self, start: int, end: int) -> None:
+        """Hand back bytes ``[start, end)`` of every layer's K and V (offsets within one layer's tensor)."""
         for buf in self._maps:
-            release_pages(buf, start, end)
+            for layer in range(self.num_layers):
+                base = layer * self._layer_bytes
+                release_pages(buf, base + start, base + end)
 
     def _discard_pages(self, slot: int) -> None:
         """Return the memory of an unused slot to the OS; it reads as zeros afterwards."""
@@ -241,6 +246,5 @@ class KVCache:
     def clear_slot_range(self, slot: int, end: int) -> None:
         """Zero positions ``[0, end)`` of a slot (used after a failed step so that garbage or
         NaNs can never leak into other requests through masked attention)."""
-        for layer in range(self.num_layers):
-            self.k[layer][slot, :, :end].zero_()
-            self.v[layer][slot, :, :end].zero_()
+        self.k_stack[:, slot, :, :end].zero_()
+        self.v_stack[:, slot, :, :end].zero_()

@@ -129,19 +129,18 @@ class PrefixCache:
             self._blocks.move_to_end(key)
         n = len(hits) * self.block_size
         B = self.block_size
-        # LOAD_GROUP blocks at a time: [g, L, 2, H, B, D] gathered from the pool, then each layer's K and V copied into
-        # the slot's positions viewed as [H, g, B, D]. One group is the only extra memory (a whole 1500-token hit
-        # gathered and re-laid-out at once took twice its K/V, ~140 MB in float32 for the default model).
+        # LOAD_GROUP blocks at a time: [g, L, 2, H, B, D] gathered from the pool, then K and V copied into the slot's
+        # positions of every layer at once, viewed as [L, H, g, B, D]. One group is the only extra memory (a whole
+        # 1500-token hit gathered and re-laid-out at once took twice its K/V, ~140 MB in float32 for the default model).
         for first in range(0, len(hits), self.LOAD_GROUP):
             indices = [self._blocks[k] for k in hits[first : first + self.LOAD_GROUP]]
             group = self._pool[torch.tensor(indices, device=self._pool.device)]
-            g, _, _, H, _, D = group.shape
+            g, L, _, H, _, D = group.shape
             start, end = first * B, (first + g) * B
-            for layer in range(self.kv.num_layers):
-                for store, kv_index in ((self.kv.k, 0), (self.kv.v, 1)):
-                    store[layer][slot, :, start:end].view(H, g, B, D).copy_(
-                        group[:, layer, kv_index].transpose(0, 1)
-                    )
+            for stack, kv_index in ((self.kv.k_stack, 0), (self.kv.v_stack, 1)):
+                stack[:, slot, :, start:end].view(L, H, g, B, D).copy_(
+                    group[:, :, kv_index].permute(1, 2, 0, 3, 4)
+                )
         self.hit_tokens_total += n
         return n
 
@@ -164,25 +163,29 @@ class PrefixCache:
         B = self.block_size
         new = keys[first_new:]
         for group in range(first_new, len(keys), self.LOAD_GROUP):
-            # [L, 2, H, n, D] for up to LOAD_GROUP new blocks (filled layer by layer), then one copy per block into
-            # the pool: the temporary copy stays one group's size however long the request was.
+            # [n, L, 2, H, B, D] for up to n = LOAD_GROUP new blocks (K and V of every layer in one copy each), then
+            # one indexed copy into the pool: the temporary copy stays one group's size however long the request was.
             group_keys = keys[group : group + self.LOAD_GROUP]
             start, end = group * B, (group + len(group_keys)) * B
-            span = self._pool.new_empty(
-                (self.kv.num_layers, 2, self._pool.shape[3], end - start, self._pool.shape[5])
-            )
-            for layer in range(self.kv.num_layers):
-                span[layer, 0].copy_(self.kv.k[layer][slot, :, start:end])
-                span[layer, 1].copy_(self.kv.v[layer][slot, :, start:end])
-            for i, key in enumerate(group_keys):
+            n = len(group_keys)
+            L, H, D = self.kv.num_layers, self._pool.shape[3], self._pool.shape[5]
+            span = self._pool.new_empty((n, L, 2, H, B, D))  # block-major, as the pool's rows
+            for kv_index, stack in ((0, self.kv.k_stack), (1, self.kv.v_stack)):  # every layer at once
+                span[:, :, kv_index].copy_(
+                    stack[:, slot, :, start:end].view(L, H, n, B, D).permute(2, 0, 1, 3, 4)
+                )
+            indices = []
+            for key in group_keys:
                 if key in self._blocks:  # a later block of a chain whose earlier block was evicted
                     index = self._blocks[key]
                 elif self._free:
                     index = self._free.pop()
                 else:  # reuse the least recently used block's storage as it is (no page hand-back)
                     _, index = self._blocks.popitem(last=False)
-                self._pool[index].copy_(span[:, :, :, i * B : (i + 1) * B])
                 self._blocks[key] = index
+                indices.append(index)
+            # The group's blocks into their pool rows in one copy.
+            self._pool.index_copy_(0, torch.tensor(indices, device=self._pool.device), span)
             del span
         for key in reversed(keys):
             self._blocks.move_to_end(key)

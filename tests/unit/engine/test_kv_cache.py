@@ -85,3 +85,59 @@ def test_discard_stale_returns_every_page_no_running_request_reserved():
         assert kv.k[layer][1].abs().sum() == 0  # vacated slot handed back
         assert kv.k[layer][0, :, 304:].abs().sum() == 0  # a's pages past its reservation (page-rounded)
         assert kv.k[layer][0, :, :300].abs().sum() > 0  # a's reserved positions untouched
+
+
+class _CountCalls(torch.overrides.TorchFunctionMode):
+    """Counts the tensor methods called inside the block, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_layers_share_one_tensor_and_compaction_and_the_prefix_cache_copy_all_layers_at_once():
+    """Every layer's K (and V) is a view of one ``[layers, slots, heads, slot_len, head_dim]`` tensor, so a finished
+    request's slot is refilled, and its blocks kept by the prefix cache, with one copy for K and one for V whatever
+    the number of layers (docs/overhead-levers.md, lever 53): one copy per layer was 60 small copies per finish for
+    the default model's 30 layers."""
+    from inference.engine.prefix_cache import PrefixCache
+
+    layers = 6
+    kv = KVCache(layers, 2, 64, 3, 256, 768, torch.float32, torch.device("cpu"))
+    assert all(
+        kv.k[i].data_ptr() == kv.k_stack[i].data_ptr() and kv.k[i].is_contiguous() for i in range(layers)
+    )
+    done, mover = Owner(), Owner()
+    assert kv.try_allocate(done, 100) and kv.try_allocate(mover, 100)
+    mover.num_cached = done.num_cached = 48
+    for layer in range(layers):
+        kv.k[layer][mover.slot, :, :48] = float(layer + 1)
+        kv.v[layer][mover.slot, :, :48] = -float(layer + 1)
+        kv.k[layer][done.slot, :, :48] = 10.0 * (layer + 1)
+    cache = PrefixCache(kv, block_size=16, capacity_tokens=256)
+    with _CountCalls() as counted:
+        assert cache.insert(list(range(48)), "user:1", done.slot, 48) == 3
+    assert counted.calls.get("copy_", 0) == 2 and counted.calls.get("index_copy_", 0) == 1, counted.calls
+    assert all(
+        cache.block(key)[layer, 0].min() == 10.0 * (layer + 1)
+        for key in cache._blocks
+        for layer in range(layers)
+    )
+    with _CountCalls() as counted:
+        kv.release(done)
+    assert counted.calls.get("copy_", 0) == 2, counted.calls
+    assert mover.slot == 0
+    for layer in range(layers):
+        assert kv.k[layer][0, :, :48].min() == kv.k[layer][0, :, :48].max() == float(layer + 1)
+        assert kv.v[layer][0, :, :48].max() == -float(layer + 1)
+    again = Owner()
+    assert kv.try_allocate(again, 100)
+    with _CountCalls() as counted:
+        assert cache.load_prefix(list(range(49)), "user:1", again.slot) == 48
+    assert counted.calls.get("copy_", 0) == 2, counted.calls
+    assert all(kv.k[layer][again.slot, :, :48].min() == 10.0 * (layer + 1) for layer in range(layers))
