@@ -6,8 +6,9 @@ Builds a KV cache of the default model's shape (30 layers, 3 KV heads of 64, bfl
 and a prefix cache of 32768 tokens whose pool pages are already written, as in an engine that has served a while,
 fills 32 slots with 100 positions each, then times ``--finishes`` finishes (insert, then release) one after another
 on torch's ``--threads`` threads, ``--rounds`` times. With ``--checkouts A,B`` each checkout's engine code is timed in
-a subprocess of its own (``PYTHONPATH`` set to it), alternated round by round. Prints ms of wall time and of the
-process's CPU per finish, median [min-max] over the rounds. The figures depend on the CPU; say which one gave them.
+a process of its own run in that checkout, alternated round by round (``devtools.checkouts.checkout_runs``). Prints
+ms of wall time and of the process's CPU per finish, median [min-max] over the rounds. The figures depend on the
+CPU; say which one gave them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -65,38 +65,22 @@ def measure(finishes: int, threads: int) -> dict:
     }
 
 
-def _run_in(checkout: str, finishes: int, threads: int) -> dict:
-    """:func:`measure` in a subprocess whose engine code is ``checkout``'s (this file loaded by its path, so a
-    checkout without it can be measured)."""
-    code = (
-        "import importlib.util, json; "
-        f"spec = importlib.util.spec_from_file_location('finish_probe', {os.path.abspath(__file__)!r}); "
-        "probe = importlib.util.module_from_spec(spec); spec.loader.exec_module(probe); "
-        f"print(json.dumps(probe.measure({finishes}, {threads})))"
-    )
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=checkout, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def _fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m devtools.bench.finish_probe")
-    p.add_argument("--checkouts", default=".", help="comma-separated checkout directories, alternated")
+    p.add_argument("--checkouts", default="", help="comma-separated checkout directories, alternated")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--finishes", type=int, default=30)
     p.add_argument("--threads", type=int, default=2, help="torch's intra-op threads, as the engine's")
     args = p.parse_args(argv)
-    checkouts = [c for c in args.checkouts.split(",") if c]
-    runs: dict[str, list[dict]] = {c: [] for c in checkouts}
-    for _ in range(args.rounds):
-        for checkout in checkouts:
-            runs[checkout].append(_run_in(checkout, args.finishes, args.threads))
+    from devtools.checkouts import checkout_runs
+
+    runs = checkout_runs(
+        __file__, measure, [args.finishes, args.threads], checkouts=args.checkouts, rounds=args.rounds
+    )
     print(
         f"finish_probe: {args.rounds} rounds x {args.finishes} finishes, {args.threads} threads; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
@@ -109,4 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) == 3 and all(a.isdigit() for a in sys.argv[1:]):  # a --checkouts run: FINISHES THREADS
+        sys.path[0] = os.getcwd()  # the checkout measured (the working directory), not this file's directory
+        print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))))
+    else:
+        sys.exit(main())

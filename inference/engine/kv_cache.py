@@ -132,13 +132,13 @@ class KVCache:
         self.k: list[torch.Tensor] = list(self.k_stack.unbind(0))
         self.v: list[torch.Tensor] = list(self.v_stack.unbind(0))
         self._maps: list[mmap.mmap] = [buf for buf in (k_map, v_map) if buf is not None]
-        #: Bytes of one layer's K (or V) in its map: layer ``i``'s bytes start at ``i * _layer_bytes``.
-        self._layer_bytes = math.prod(shape) * self.k_stack.element_size()
         self.num_kv_heads = num_kv_heads
         self._row_bytes = head_dim * torch.empty((), dtype=dtype).element_size()
         #: Bytes of K/V one token position takes over all layers (K and V, every KV head).
         self.bytes_per_token = 2 * num_layers * num_kv_heads * self._row_bytes
         self._slot_bytes = num_kv_heads * slot_len * self._row_bytes
+        #: Bytes of one layer's K (or V) in its map: layer ``i``'s bytes start at ``i * _layer_bytes``.
+        self._layer_bytes = num_slots * self._slot_bytes
         self._owners: list[SlotOwner | None] = [None] * num_slots
         self._reserved = [0] * num_slots
         # Upper bound of positions that may hold committed (resident) pages, per slot.

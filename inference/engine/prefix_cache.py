@@ -137,7 +137,7 @@ class PrefixCache:
             group = self._pool[torch.tensor(indices, device=self._pool.device)]
             g, L, _, H, _, D = group.shape
             start, end = first * B, (first + g) * B
-            for stack, kv_index in ((self.kv.k_stack, 0), (self.kv.v_stack, 1)):
+            for kv_index, stack in enumerate((self.kv.k_stack, self.kv.v_stack)):
                 stack[:, slot, :, start:end].view(L, H, g, B, D).copy_(
                     group[:, :, kv_index].permute(1, 2, 0, 3, 4)
                 )
@@ -170,7 +170,7 @@ class PrefixCache:
             n = len(group_keys)
             L, H, D = self.kv.num_layers, self._pool.shape[3], self._pool.shape[5]
             span = self._pool.new_empty((n, L, 2, H, B, D))  # block-major, as the pool's rows
-            for kv_index, stack in ((0, self.kv.k_stack), (1, self.kv.v_stack)):  # every layer at once
+            for kv_index, stack in enumerate((self.kv.k_stack, self.kv.v_stack)):  # every layer at once
                 span[:, :, kv_index].copy_(
                     stack[:, slot, :, start:end].view(L, H, n, B, D).permute(2, 0, 1, 3, 4)
                 )

@@ -37,9 +37,9 @@ class Command(BaseCommand):
         parser.add_argument("--checkouts", default="", help="comma-separated checkout directories")
 
     def handle(self, *args, replies, rounds, checkouts, **options):
-        from devtools.management.commands.bench_send_cost import checkout_runs
+        from devtools.checkouts import checkout_runs  # here: a --checkouts run imports this file alone
 
-        runs = checkout_runs(__file__, measure, replies, checkouts=checkouts, rounds=rounds)
+        runs = checkout_runs(__file__, measure, [replies], checkouts=checkouts, rounds=rounds)
         self.stdout.write(
             f"bench_finish_cost: {rounds} run(s) x {replies} final writes per checkout; load average "
             f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

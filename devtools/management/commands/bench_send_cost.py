@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -36,7 +35,9 @@ class Command(BaseCommand):
         parser.add_argument("--checkouts", default="", help="comma-separated checkout directories")
 
     def handle(self, *args, sends, rounds, checkouts, **options):
-        runs = checkout_runs(__file__, measure, sends, checkouts=checkouts, rounds=rounds)
+        from devtools.checkouts import checkout_runs  # here: a --checkouts run imports this file alone
+
+        runs = checkout_runs(__file__, measure, [sends], checkouts=checkouts, rounds=rounds)
         self.stdout.write(
             f"bench_send_cost: {rounds} run(s) x {sends} sends per checkout; load average "
             f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
@@ -50,28 +51,6 @@ class Command(BaseCommand):
                 cells.append(f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")
             each = ", ".join(f"{r['wall_ms']:.1f}/{r['cpu_ms']:.1f}" for r in rows)
             self.stdout.write(f"| {d} | {cells[0]} | {cells[1]} | {rows[-1]['statements']} | {each} |")
-
-
-def checkout_runs(script: str, measure, size: int, *, checkouts: str, rounds: int) -> dict[str, list[dict]]:
-    """``rounds`` runs of ``measure(size)`` per checkout, alternated: in this process when ``checkouts`` (comma-
-    separated directories) is empty, else ``script`` run as ``python script size`` in each checkout's directory,
-    whose last stdout line is the run's JSON. Returns each checkout's runs (``"."`` without checkouts)."""
-    dirs = [d for d in checkouts.split(",") if d]
-    runs: dict[str, list[dict]] = {d: [] for d in dirs or ["."]}
-    for _ in range(rounds):
-        for d in runs:
-            if not dirs:
-                runs[d].append(measure(size))
-                continue
-            out = subprocess.run(
-                [sys.executable, os.path.abspath(script), str(size)],
-                cwd=d,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs[d].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return runs
 
 
 def measure(sends: int) -> dict:
