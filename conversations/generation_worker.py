@@ -17,8 +17,17 @@ from billing.models import Tier
 from billing.quota import quota_charge_unreserved, settle_sql
 from billing.services import usage_record_create, usage_record_sql
 from conversations import branches, recall
+from conversations.message_chain import message_key
 from conversations.models import Conversation, Message
-from database.sql import fetch_one, instances_from_row, prepared_cursor, select_list
+from database.sql import (
+    fetch_one,
+    insert_fields,
+    insert_values,
+    instances_from_row,
+    mark_saved,
+    prepared_cursor,
+    select_list,
+)
 from database.storable_text import storable_text
 from documents.models import Document
 from documents.selectors import citations_for_messages
@@ -176,11 +185,15 @@ def generation_finish(
     duration_ms: int | None = None,
     error: str = "",
     on_written: Callable[[], object] | None = None,
+    attached=None,
 ) -> Message:
     """Write the reply's final state once, record usage for billing, and publish ``done`` after commit.
     Only a ``streaming`` or ``interrupted`` (reaped too early) reply is written; returns the stored message.
     ``on_written`` runs inside the transaction when the write happened (the reply runner stores the output
-    moderation verdict there). A reply deleted with its conversation or account meanwhile is returned as this
+    moderation verdict of a block there, with its strike policy). ``attached``: an unsaved row of a model with
+    one foreign key to ``Message`` (the runner's allowed or flagged output verdict, ``safety.services.
+    verdict_row``), stored by the final write's own statement when the write happened, pointing at the reply
+    (docs/overhead-levers.md, lever 54); not stored when the reply had already ended. A reply deleted with its conversation or account meanwhile is returned as this
     call would have stored it, its tokens charged to the owner's day when the owner remains
     (:func:`_charge_deleted`), and ``done`` still published.
 
@@ -204,7 +217,7 @@ def generation_finish(
     if prompt_tokens < 0 or completion_tokens < 0:
         raise ValueError("token counts must be non-negative")
     with transaction.atomic():
-        updated, settled = _write_final(message, final)
+        updated, settled = _write_final(message, final, attached)
         if updated:
             # What was written is what is stored: no read back, and the conversation, owner and tier the claim
             # loaded stay cached on the instance (refresh_from_db drops them, and each was a read again).
@@ -259,21 +272,36 @@ _FINAL_ITEM = """final AS (
 
 
 @functools.cache
-def _final_statement() -> str:
-    return (
-        f"WITH {_FINAL_ITEM.format(table=Message._meta.db_table)},\n{usage_record_sql('final')},\n"
-        f"{settle_sql('(SELECT id FROM final)')}\nSELECT (SELECT count(*) FROM final), (SELECT count(*) FROM released)"
-    )
+def _final_statement(attached_model=None) -> str:
+    """The final write's statement; with ``attached_model``, a fourth ``WITH`` item inserts a row of it
+    (named parameters ``attached_0`` ... in ``database.sql.insert_fields`` order, its key to ``Message`` the id
+    the ``UPDATE`` returned) and the statement returns that row's primary key third."""
+    items = [_FINAL_ITEM.format(table=Message._meta.db_table), usage_record_sql("final")]
+    returned = "(SELECT count(*) FROM final), (SELECT count(*) FROM released)"
+    if attached_model is not None:
+        fields, key = insert_fields(attached_model), message_key(attached_model)
+        columns = ", ".join(f'"{f.column}"' for f in fields)
+        values = ", ".join("final.id" if f is key else f"%(attached_{n})s" for n, f in enumerate(fields))
+        pk = f'"{attached_model._meta.pk.column}"'
+        items.append(
+            f'attached AS (\n    INSERT INTO "{attached_model._meta.db_table}" ({columns})\n'
+            f"    SELECT {values} FROM final RETURNING {pk}\n)"
+        )
+        returned += f", (SELECT {pk} FROM attached)"
+    items.append(settle_sql("(SELECT id FROM final)"))
+    return "WITH " + ",\n".join(items) + f"\nSELECT {returned}"
 
 
-def _write_final(message: Message, final: dict) -> tuple[bool, bool]:
+def _write_final(message: Message, final: dict, attached=None) -> tuple[bool, bool]:
     """Store ``final`` (the fields :func:`generation_finish` writes) on ``message`` if it is still ``streaming``
     or ``interrupted``, and with it its usage record (when it used tokens) and its quota reservation's settle,
     in one prepared statement (three ``WITH`` items: the reply's ``UPDATE ... RETURNING``, the usage ``INSERT``
     reading it, ``billing.quota.settle_sql`` deleting the reservation of the id it returned). Returns ``(updated,
     settled)``: nothing but the ``UPDATE``'s check runs when the reply was already ended. It was three
     statements, two of them compiled by the ORM on every call (docs/overhead-levers.md, lever 52). Lock order
-    as before: the reply's row, then the reservation, the user's quota row, the pool's."""
+    as before: the reply's row, then the reservation, the user's quota row, the pool's. ``attached`` (see
+    :func:`generation_finish`) is inserted by the same statement, and marked saved, when the reply was written
+    (its own statement before lever 54)."""
     tokens = final["prompt_tokens"] + final["completion_tokens"]
     params = {
         **final,
@@ -284,7 +312,17 @@ def _write_final(message: Message, final: dict) -> tuple[bool, bool]:
         "now": final["updated_at"],
         "used_tokens": tokens,
     }
-    updated, settled = fetch_one(_final_statement(), params)
+    model = None if attached is None else type(attached)
+    if model is not None:
+        key = message_key(model)
+        named = [(f"attached_{n}", f) for n, f in enumerate(insert_fields(model)) if f is not key]
+        params.update(
+            zip((name for name, _ in named), insert_values(attached, [f for _, f in named]), strict=True)
+        )
+    updated, settled, *attached_pk = fetch_one(_final_statement(model), params)
+    if model is not None and updated:
+        setattr(attached, key.attname, message.pk)
+        mark_saved(attached, pk=attached_pk[0])
     return bool(updated), bool(settled)
 
 

@@ -50,9 +50,10 @@ def _value_fields() -> tuple:
 
 
 @cache
-def _message_key(model) -> object:
-    """The one foreign key of ``model`` to ``Message`` (what an attached row of :func:`chain_insert` points
-    with). Raises ``ValueError`` when it has none or several."""
+def message_key(model) -> object:
+    """The one foreign key of ``model`` to ``Message`` (what an attached row of :func:`chain_insert`, or of a
+    reply's final write, ``conversations.generation_worker``, points with). Raises ``ValueError`` when it has
+    none or several."""
     keys = [f for f in insert_fields(model) if f.is_relation and f.related_model is Message]
     if len(keys) != 1:
         raise ValueError(f"{model._meta.label} needs exactly one foreign key to Message to be attached")
@@ -128,7 +129,7 @@ def _statement(
         )
     returned = ["v"]
     for n, (model, index) in enumerate(attached, 1):
-        fields, key = insert_fields(model), _message_key(model)
+        fields, key = insert_fields(model), message_key(model)
         values = ", ".join(nth(index + 1) if f is key else "%s" for f in fields)
         pk = qn(model._meta.pk.column)
         parts.append(
@@ -190,7 +191,7 @@ def chain_insert(
         params.extend([timezone.now(), conversation.pk])
     attached = [(row, index) for row, index in attached if row is not None]
     for row, _ in attached:
-        key = _message_key(type(row))
+        key = message_key(type(row))
         params.extend(insert_values(row, [f for f in insert_fields(type(row)) if f is not key]))
     shape = tuple((type(row), index % len(stored)) for row, index in attached)
     sql = _statement(
@@ -208,7 +209,7 @@ def chain_insert(
         for message in stored:
             message.conversation = conversation  # its id now, and the instance kept (no read when used)
     for (row, _), (model, index), pk in zip(attached, shape, attached_ids, strict=True):
-        setattr(row, _message_key(model).attname, ids[index])
+        setattr(row, message_key(model).attname, ids[index])
         mark_saved(row, pk=pk)
     for k, message in enumerate(stored):
         message.parent_id = ids[k - 1] if k else parent_id

@@ -45,7 +45,7 @@ from observability import tracing
 from observability.logs import log_context
 from observability.metrics import ReplyTimer
 from safety.chain import Verdict
-from safety.services import verdict_record
+from safety.services import verdict_record, verdict_row
 from safety.streaming import OutputMonitor
 
 logger = logging.getLogger(__name__)
@@ -335,7 +335,7 @@ def _finish(message: Message, final: FinishEvent, verdict: Verdict | None = None
         status=STATUS_BY_FINISH[final.finish_reason],
         text=final.text,
         finish_reason=final.finish_reason,
-        on_written=_recorder(message, verdict, ""),
+        **_verdict_stored(message, verdict, ""),
         prompt_tokens=final.usage.prompt_tokens,
         completion_tokens=final.usage.completion_tokens,
         ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
@@ -344,13 +344,19 @@ def _finish(message: Message, final: FinishEvent, verdict: Verdict | None = None
     )
 
 
-def _recorder(message: Message, verdict: Verdict | None, text: str):
-    """The final write's hook that stores the output verdict in its transaction (None: nothing to record)."""
+def _verdict_stored(message: Message, verdict: Verdict | None, text: str) -> dict:
+    """How the final write (``generation_finish``'s keywords) stores the output verdict ``verdict`` of ``text``:
+    an allowed or flagged one as a row of the write's own statement (``attached``, docs/overhead-levers.md
+    lever 54), a block through ``verdict_record`` in its transaction (``on_written``), which also applies the
+    strike policy; nothing for None."""
     if verdict is None:
-        return None
-    return lambda: verdict_record(
-        verdict=verdict, user=message.conversation.owner, message_id=message.id, text=text
-    )
+        return {}
+    owner = message.conversation.owner
+    if not verdict.blocked:
+        return {"attached": verdict_row(verdict=verdict, user=owner, text=text)}
+    return {
+        "on_written": lambda: verdict_record(verdict=verdict, user=owner, message_id=message.id, text=text)
+    }
 
 
 def _finish_blocked(message: Message, final: FinishEvent, verdict: Verdict) -> str:
@@ -372,5 +378,5 @@ def _finish_blocked(message: Message, final: FinishEvent, verdict: Verdict) -> s
         completion_tokens=final.usage.completion_tokens,
         ttft_ms=round(final.timings.ttft_ms) if final.timings.ttft_ms is not None else None,
         duration_ms=round(final.timings.total_ms),
-        on_written=_recorder(message, verdict, final.text),
+        **_verdict_stored(message, verdict, final.text),
     )

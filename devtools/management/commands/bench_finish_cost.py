@@ -1,12 +1,12 @@
 """``manage.py bench_finish_cost``: what a reply's final write costs in-process (``generation_worker.generation_finish``
-for a claimed reply of a new conversation, as the GPU worker's reply thread calls it), its statements, and the CPU
-of the process per final write (``time.process_time``: every thread's, and on a VM the time their own system
-calls take) when the final writes run one after another and when ``--replies`` of them run at once on as many
+for a claimed reply of a new conversation, with the allowed output verdict every reply stores, as the GPU worker's
+reply thread calls it), its statements, and the CPU of the process per final write (``time.process_time``: every
+thread's, and on a VM the time their own system calls take) when the final writes run one after another and when ``--replies`` of them run at once on as many
 threads, as when a step of the engine ends that many replies together (a 32-client wave ends in one or two steps).
 No worker is needed: an idle worker status is published for the run's own admission and the tasks its sends queue
 are purged from the broker afterwards. ``--checkouts A,B`` measures each checkout's product code in turn (this
 file run as a script in that directory), alternated ``--rounds`` times, as ``bench_send_cost`` does. A benchmark
-that prints figures, not a test; ``docs/overhead-levers.md`` (lever 51) holds them.
+that prints figures, not a test; ``docs/overhead-levers.md`` (levers 51, 52, 54) holds them.
 
     manage.py bench_finish_cost --checkouts ../before,. --rounds 3 --replies 30
 """
@@ -64,11 +64,12 @@ def measure(replies: int) -> dict:
     from django.test.utils import CaptureQueriesContext
 
     from accounts.models import User
-    from conversations import generation_worker, generations
+    from conversations import generation_worker, generations, reply_runner
     from conversations.models import Conversation, Message
     from database.connections import close_request_connections
     from devtools.bench_tiers import bench_tier
     from memory.models import AccountMemory
+    from safety.chain import Verdict
 
     helpers = _send_cost_module()  # this checkout's, whichever checkout is measured
     tier_name = "bench-finish-cost"
@@ -87,8 +88,17 @@ def measure(replies: int) -> dict:
             out.append(generation_worker.generation_start(message_id=ticket.message.pk))
         return out
 
+    def verdict_stored(message: Message) -> dict:
+        # As this checkout's reply runner hands it to the final write: a row of its statement (lever 54) or,
+        # before, a hook that inserts it in its transaction.
+        verdict = Verdict(stage="output", tier=tier_name)
+        if hasattr(reply_runner, "_verdict_stored"):
+            return reply_runner._verdict_stored(message, verdict, "")
+        return {"on_written": reply_runner._recorder(message, verdict, "")}
+
     def finish(message: Message) -> None:
         generation_worker.generation_finish(
+            **verdict_stored(message),
             message=message,
             status=Message.Status.COMPLETED,
             text="Hello there! How can I help you today?",
