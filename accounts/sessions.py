@@ -104,31 +104,61 @@ def _names_user(session, user_id: int) -> bool:
 
 def _signs_in(session, user) -> bool:
     """Whether ``user`` (None: gone) is active and ``session``'s auth hash matches its current password."""
-    if user is None or not user.is_active:
-        return False
+    return user is not None and user.is_active and _hash_matches(session, user.get_session_auth_hash())
+
+
+def _hash_matches(session, auth_hash: str) -> bool:
+    """Whether ``session`` carries ``auth_hash`` (a user's ``get_session_auth_hash()``)."""
     session_hash = session.get(HASH_SESSION_KEY)
-    return bool(session_hash) and constant_time_compare(session_hash, user.get_session_auth_hash())
+    return bool(session_hash) and constant_time_compare(session_hash, auth_hash)
+
+
+#: What the last :func:`sessions_current` pass worked out, reused by the next for rows that did not change:
+#: session key -> (its stored data, that data decoded); (user id, password hash) -> the session auth hash.
+_decoded: dict[str, tuple[str, dict]] = {}
+_auth_hashes: dict[tuple[int, str], str] = {}
 
 
 def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
     """The ``(session_key, user_id)`` pairs of ``pairs`` whose session still signs in that user, by the same
     rules as :func:`session_is_current`, in two queries for all of them (one on the sessions, one on the
     users). None when ``SESSION_ENGINE`` keeps no session rows in the database (cache or cookie sessions):
-    the caller checks each session on its own then."""
+    the caller checks each session on its own then.
+
+    The admission warmer calls it for every open socket of the process twice a second. A session whose stored
+    data is the same string as at the last call is not decoded again (a signature check and a JSON parse), and a
+    user whose password hash is the same is not hashed again (an HMAC): both are pure functions of what the
+    queries read, so the answer is the one a fresh decode gives (docs/overhead-levers.md, lever 55). What the
+    call did not see is forgotten. Called from one thread at a time (the warmer's)."""
+    global _decoded, _auth_hashes
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
     if not _keeps_rows(store_class):
         return None
     keys = {key for key, _ in pairs if key}
     rows = store_class.get_model_class().objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
-    data = {key: store_class().decode(raw) for key, raw in rows.values_list("session_key", "session_data")}
-    users = (
-        get_user_model().objects.filter(pk__in={uid for _, uid in pairs}).only("pk", "is_active", "password")
-    )
-    by_id = {user.pk: user for user in users}
+    decoded, data = {}, {}
+    for key, raw in rows.values_list("session_key", "session_data"):
+        known = _decoded.get(key)
+        decoded[key] = known if known is not None and known[0] == raw else (raw, store_class().decode(raw))
+        data[key] = decoded[key][1]
+    User = get_user_model()
+    users = User.objects.filter(pk__in={uid for _, uid in pairs}).values_list("pk", "is_active", "password")
+    hashes, active_hash = {}, {}  # user id -> its auth hash while it is active
+    for pk, is_active, password in users:
+        if is_active:
+            known = _auth_hashes.get((pk, password))
+            hashes[(pk, password)] = known or User(pk=pk, password=password).get_session_auth_hash()
+            active_hash[pk] = hashes[(pk, password)]
+    _decoded, _auth_hashes = decoded, hashes
     current = set()
     for key, user_id in pairs:
-        session = data.get(key)
-        if session is not None and _names_user(session, user_id) and _signs_in(session, by_id.get(user_id)):
+        session, auth_hash = data.get(key), active_hash.get(user_id)
+        if (
+            session is not None
+            and auth_hash
+            and _names_user(session, user_id)
+            and _hash_matches(session, auth_hash)
+        ):
             current.add((key, user_id))
     return current
 

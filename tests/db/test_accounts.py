@@ -112,3 +112,63 @@ def test_sessions_current_checks_many_sessions_as_session_is_current_does(alice,
     ]
     assert sessions_current(pairs=pairs) == {(live, alice.pk)}
     assert {p for p in pairs if session_is_current(session_key=p[0], user_id=p[1])} == {(live, alice.pk)}
+
+
+def test_a_repeated_session_pass_decodes_and_hashes_only_what_changed(alice, make_user, monkeypatch):
+    """The warmer's pass twice a second (lever 55): rows unchanged since the last pass are neither decoded nor
+    hashed again, and a change between passes (a password, a session written anew, a deactivation, a log-out)
+    is seen by the next pass as a fresh check sees it."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth.models import AbstractBaseUser
+    from django.test import Client
+
+    from accounts.sessions import session_is_current, sessions_current
+
+    def session_of(user):
+        client = Client()
+        client.force_login(user)
+        return client, client.session.session_key
+
+    store_class = import_module(settings.SESSION_ENGINE).SessionStore
+    calls = {"decode": 0, "hash": 0}
+    decode, auth_hash = store_class.decode, AbstractBaseUser.get_session_auth_hash
+
+    def counted_decode(self, raw):
+        calls["decode"] += 1
+        return decode(self, raw)
+
+    def counted_hash(self):
+        calls["hash"] += 1
+        return auth_hash(self)
+
+    monkeypatch.setattr(store_class, "decode", counted_decode)
+    monkeypatch.setattr(AbstractBaseUser, "get_session_auth_hash", counted_hash)
+    bob, carol, dave = make_user("bob"), make_user("carol"), make_user("dave")
+    _, a = session_of(alice)
+    _, b = session_of(bob)
+    _, c = session_of(carol)
+    d_client, d = session_of(dave)
+    pairs = [(a, alice.pk), (b, bob.pk), (c, carol.pk), (d, dave.pk)]
+
+    def fresh():
+        return {p for p in pairs if session_is_current(session_key=p[0], user_id=p[1])}
+
+    assert sessions_current(pairs=pairs) == set(pairs)
+    calls.update(decode=0, hash=0)
+    assert sessions_current(pairs=pairs) == set(pairs)
+    assert calls == {"decode": 0, "hash": 0}
+
+    bob.set_password("a-new-Secret-456")
+    bob.save()
+    carol.is_active = False
+    carol.save()
+    d_client.logout()  # dave's session row is gone
+    session = store_class(session_key=a)  # alice's session rewritten to name another user
+    session["_auth_user_id"] = str(bob.pk)
+    session.save()
+    calls.update(decode=0, hash=0)
+    current = sessions_current(pairs=pairs)
+    assert calls["decode"] == 1  # alice's rewritten row only; bob's and carol's rows did not change
+    assert current == fresh() == set()
