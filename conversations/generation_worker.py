@@ -193,9 +193,9 @@ def generation_finish(
     moderation verdict of a block there, with its strike policy). ``attached``: an unsaved row of a model with
     one foreign key to ``Message`` (the runner's allowed or flagged output verdict, ``safety.services.
     verdict_row``), stored by the final write's own statement when the write happened, pointing at the reply
-    (docs/overhead-levers.md, lever 54); not stored when the reply had already ended. A reply deleted with its conversation or account meanwhile is returned as this
-    call would have stored it, its tokens charged to the owner's day when the owner remains
-    (:func:`_charge_deleted`), and ``done`` still published.
+    (docs/overhead-levers.md, lever 54); not stored when the reply had already ended. A reply deleted with its
+    conversation or account meanwhile is returned as this call would have stored it, its tokens charged to the
+    owner's day when the owner remains (:func:`_charge_deleted`), and ``done`` still published.
 
     A completed reply's turn is indexed for memory, and the ``done`` frame carries the reply's citations. For
     a reply the worker claimed (``message.claim_reads``, :class:`ClaimReads`), what the claim read decides
