@@ -41,9 +41,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Count, Q
 
 from conversations.models import Message
+from conversations.selectors import ACTIVE_AT_OR_ABOVE_SQL, USER_TIERS_SQL
+from database.sql import fetch_all, fetch_instance, fetch_one
 from inference import fleet
 
 _cache: dict[tuple, tuple[float, object]] = {}
@@ -194,10 +195,17 @@ def fleet_load() -> dict[str, ModelLoad]:
 
 
 def cached_tier(tier_id: int):
-    """The :class:`~billing.models.Tier` row ``tier_id`` (cached like the load figures)."""
+    """The :class:`~billing.models.Tier` row ``tier_id`` (cached like the load figures; a fixed statement,
+    lever 56). Raises ``Tier.DoesNotExist`` for an id with no row."""
     from billing.models import Tier
 
-    return _cached(("tier", tier_id), lambda: Tier.objects.get(pk=tier_id))
+    def read():
+        tier = fetch_instance(Tier, "id = %s", [tier_id])
+        if tier is None:
+            raise Tier.DoesNotExist(f"no tier {tier_id}")
+        return tier
+
+    return _cached(("tier", tier_id), read)
 
 
 def current_tier(user_id: int):
@@ -205,11 +213,13 @@ def current_tier(user_id: int):
     each read at most ``ADMISSION_LOAD_CACHE_S`` ago (one indexed query per user per period)."""
     from django.contrib.auth import get_user_model
 
-    tier_id = _cached(
-        ("user_tier", user_id),
-        lambda: get_user_model().objects.values_list("tier_id", flat=True).get(pk=user_id),
-    )
-    return cached_tier(tier_id)
+    def read():
+        rows = fetch_all(USER_TIERS_SQL, {"ids": [user_id]})
+        if not rows:
+            raise get_user_model().DoesNotExist(f"no user {user_id}")
+        return rows[0][1]
+
+    return cached_tier(_cached(("user_tier", user_id), read))
 
 
 def note_user_tier(*, user_id: int, tier_id: int) -> None:
@@ -227,16 +237,9 @@ def active_at_or_above(*, model_name: str, priority: int) -> tuple[int, int]:
     key = ("active", model_name, priority)
 
     def compute() -> tuple[int, int]:
-        counts = Message.objects.filter(
-            role=Message.Role.ASSISTANT,
-            status__in=Message.ACTIVE_STATUSES,
-            model_name=model_name,
-            conversation__owner__tier__queue_priority__gte=priority,
-        ).aggregate(
-            queued=Count("id", filter=Q(status=Message.Status.QUEUED)),
-            streaming=Count("id", filter=Q(status=Message.Status.STREAMING)),
-        )
-        return counts["queued"], counts["streaming"]
+        params = {"model": model_name, "role": Message.Role.ASSISTANT, "priority": priority}
+        queued, streaming = fetch_one(ACTIVE_AT_OR_ABOVE_SQL, params)
+        return queued, streaming
 
     queued, streaming = _cached(key, compute)
     with _cache_lock:
@@ -272,7 +275,6 @@ def warm(*, user_ids) -> None:
     ``ADMISSION_LOAD_CACHE_S``: their tier ids (one query for all of them), their tiers, and the fleet load
     and queue counts of those tiers' models. Called periodically off the event loop
     (:mod:`conversations.load_warmer`), so that :func:`cached_only` reads of open sockets' users hit."""
-    from django.contrib.auth import get_user_model
 
     from inference.registry import models_for_tier
 
@@ -287,7 +289,7 @@ def warm(*, user_ids) -> None:
                 if now - _cache.get(("user_tier", uid), (float("-inf"),))[0] >= refresh_after
             ]
         if stale:
-            rows = get_user_model().objects.filter(pk__in=stale).values_list("pk", "tier_id")
+            rows = fetch_all(USER_TIERS_SQL, {"ids": stale})
             with _cache_lock:
                 for pk, tier_id in rows:
                     _cache[("user_tier", pk)] = (now, tier_id)

@@ -108,6 +108,24 @@ SELECT COUNT(*) FROM conversations_message m
 """
 
 
+#: Queued and streaming replies of a model whose owner's tier ranks at ``%(priority)s`` or above, in one row
+#: (``conversations.load.active_at_or_above``, read by admission and the admission warmer; the ORM compiled the
+#: same aggregate on every read, lever 56). Statuses written in, not bound (lever 29).
+ACTIVE_AT_OR_ABOVE_SQL = f"""
+SELECT COUNT(*) FILTER (WHERE m.status = '{Message.Status.QUEUED}'),
+       COUNT(*) FILTER (WHERE m.status = '{Message.Status.STREAMING}')
+  FROM conversations_message m
+  JOIN conversations_conversation c ON c.id = m.conversation_id
+  JOIN accounts_user u ON u.id = c.owner_id
+  JOIN billing_tier t ON t.id = u.tier_id
+ WHERE m.model_name = %(model)s AND m.role = %(role)s AND m.status IN {Message.ACTIVE_STATUSES_SQL}
+   AND t.queue_priority >= %(priority)s
+"""
+
+#: Users' tier ids: ``(id, tier_id)`` for each id of the array ``%(ids)s`` (the admission warmer's read, lever 56).
+USER_TIERS_SQL = "SELECT id, tier_id FROM accounts_user WHERE id = ANY(%(ids)s)"
+
+
 def place_in_line_params(*, model_name: str, priority: int, up_to_id: int = MAX_PK) -> dict:
     """:data:`PLACE_IN_LINE_SQL`'s parameters: replies of ``model_name`` queued ahead of a reply of tier
     priority ``priority`` (``Tier.queue_priority``) and id ``up_to_id`` (that reply included); the default,

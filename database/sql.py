@@ -88,6 +88,14 @@ def fetch_one(sql: str, params: Sequence) -> tuple | None:
         return cursor.fetchone()
 
 
+def fetch_all(sql: str, params: Sequence) -> list[tuple]:
+    """Every row of ``sql`` run with ``params``, as :func:`fetch_one` runs it (a prepared statement on the
+    default connection, inside the caller's transaction if any). Raises what the driver raises."""
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
 def instance_from_row(model, fields: Sequence, values: Iterable):
     """An instance of ``model`` from one row's ``values`` for its concrete ``fields`` (same order), loaded as
     a queryset loads it: each field's database converters (a ``JSONField`` decodes its text, ...), then

@@ -135,3 +135,51 @@ def test_the_counts_of_active_and_queued_replies_use_the_partial_index_on_their_
         "m.status IN ('queued', 'streaming')", alice.pk, "assistant"
     )
     assert "msg_active_status_idx" in generic_plan("m.status = 'queued'", "m", "assistant", 0, reply.pk)
+
+
+def test_admissions_counts_and_reads_are_fixed_statements_on_the_partial_index(alice, make_user):
+    """Admission's queue counts (``load.active_at_or_above``), its user-tier and tier reads are fixed statements
+    (lever 56): no ORM query compiled; the counts agree with the ORM's aggregate by tier priority and use the
+    partial index of active replies on their generic plan."""
+    from django.db.models import Count, Q
+
+    from billing.models import Tier
+    from conversations import load
+
+    paid = make_user("paid-user", tier="paid")
+    conversations = {u: Conversation.objects.create(owner=u, title="t") for u in (alice, paid)}
+    for user, status in [(alice, "queued"), (alice, "streaming"), (paid, "queued"), (paid, "completed")]:
+        Message.objects.create(
+            conversation=conversations[user], role="assistant", status=status, model_name="m"
+        )
+    # A history of ended replies, as the planner's statistics see a live table.
+    Message.objects.bulk_create(
+        Message(conversation=conversations[alice], role="assistant", status="completed", model_name="m")
+        for _ in range(600)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE conversations_message, conversations_conversation")
+    load.clear_cache()
+    for priority in (alice.tier.queue_priority, paid.tier.queue_priority):
+        orm = Message.objects.filter(
+            role="assistant",
+            status__in=("queued", "streaming"),
+            model_name="m",
+            conversation__owner__tier__queue_priority__gte=priority,
+        ).aggregate(q=Count("id", filter=Q(status="queued")), s=Count("id", filter=Q(status="streaming")))
+        assert load.active_at_or_above(model_name="m", priority=priority) == (orm["q"], orm["s"])
+    load.clear_cache()
+    paid_tier = Tier.objects.get(name="paid")
+    with CaptureQueriesContext(connection) as queries:
+        tier = load.current_tier(paid.pk)
+        load.warm(user_ids=[alice.pk, paid.pk])
+    assert tier == paid_tier and load.cached_tier(alice.tier_id) == alice.tier
+    assert queries.captured_queries, "nothing read"
+    for q in queries.captured_queries:  # fixed SQL as written here, no ORM quoting of its own
+        assert '"accounts_user"."' not in q["sql"] and '"billing_tier"."' not in q["sql"], q["sql"]
+    assert "msg_active_status_idx" in generic_plan(
+        "COUNT(*) FILTER (WHERE m.status = 'queued')", "m", "assistant", 0
+    )
+    load.clear_cache()
+    with pytest.raises(Tier.DoesNotExist):
+        load.cached_tier(10**9)

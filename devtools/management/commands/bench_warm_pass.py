@@ -1,31 +1,38 @@
-"""``manage.py bench_session_pass``: what the admission warmer's session pass costs a web process
-(``accounts.sessions.sessions_current`` for every open socket's session, run twice a second on the warmer's thread
-while sockets are open, ``conversations/load_warmer.py``), in CPU of the calling thread per pass (``time.thread_time``)
-for ``--sockets`` open sockets, each of its own signed-in user: the first pass after the sockets opened, and the
-passes after it over rows that did not change (median of ``--passes``). ``--checkouts A,B`` measures each
-checkout's product code in turn (this file run as a script in that directory), alternated ``--rounds`` times
-(``devtools.checkouts.checkout_runs``). A benchmark that prints figures, not a test; ``docs/overhead-levers.md``
-(lever 55) holds them. The users and sessions it writes are deleted at the end of each run.
+"""``manage.py bench_warm_pass``: what the admission warmer's pass costs a web process, in CPU of the calling
+thread (``time.thread_time``) for ``--sockets`` open sockets, each of its own signed-in user of the free tier. While
+a process has open sockets the warmer (``conversations/load_warmer.py``) runs a pass four times a second on a thread
+of its own, and twice a second it re-reads everything: the sockets' users' tiers, their tiers' fleet and queue
+figures (``conversations.load.warm``), whether a new conversation of theirs reads its question's vector, and every
+socket's session (``accounts.sessions.sessions_current``). Printed: the session check alone, its first call and the
+median of ``--passes`` later ones over rows that did not change; and the whole pass re-reading everything
+(``load_warmer.warm_once`` after ``load.forget_reads``), median of ``--passes`` after a first. An idle worker's
+status is published for the run (and removed after it), so the queue counts are read as under a live fleet.
+``--checkouts A,B`` measures each checkout's product code in turn (this file run as a script in that directory),
+alternated ``--rounds`` times (``devtools.checkouts.checkout_runs``). A benchmark that prints figures, not a test;
+``docs/overhead-levers.md`` (levers 55-56) holds them. The users and sessions it writes are deleted at the end of
+each run.
 
-    manage.py bench_session_pass --sockets 32,1000 --checkouts ../before,. --rounds 3
+    manage.py bench_warm_pass --sockets 32,1000 --checkouts ../before,. --rounds 3
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.core.management.base import BaseCommand
 
-PREFIX = "bench-session-pass-"
+PREFIX = "bench-warm-pass-"
 
 
 class Command(BaseCommand):
-    help = "CPU of the admission warmer's session pass per open-socket count; --checkouts compares two."
+    help = "CPU of the admission warmer's pass per open-socket count; --checkouts compares two."
 
     def add_arguments(self, parser):
         parser.add_argument("--sockets", default="32,1000", help="comma-separated open-socket counts")
@@ -37,22 +44,22 @@ class Command(BaseCommand):
         from devtools.checkouts import checkout_runs  # here: a --checkouts run imports this file alone
 
         self.stdout.write(
-            f"bench_session_pass: {rounds} run(s) per checkout, {passes} passes each; load average "
+            f"bench_warm_pass: {rounds} run(s) per checkout, {passes} passes each; load average "
             f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
         )
         self.stdout.write(
-            "| checkout | sockets | first pass, CPU ms | each later pass, CPU ms | per socket, µs |"
+            "| checkout | sockets | session check, first, CPU ms | session check, later, CPU ms | the same per "
+            "socket, µs | whole pass re-reading everything, CPU ms |"
         )
-        self.stdout.write("|---|---|---|---|---|")
+        self.stdout.write("|---|---|---|---|---|---|")
         for n in [int(x) for x in sockets.split(",")]:
             runs = checkout_runs(__file__, measure, [n, passes], checkouts=checkouts, rounds=rounds)
             for d, rows in runs.items():
                 cells = []
-                for key in ("first_ms", "later_ms"):
+                for key in ("first_ms", "later_ms", "per_socket_us", "warm_ms"):
                     v = [r[key] for r in rows]
                     cells.append(f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")
-                per = statistics.median(r["later_ms"] for r in rows) * 1000 / n
-                self.stdout.write(f"| {d} | {n} | {' | '.join(cells)} | {per:.1f} |")
+                self.stdout.write(f"| {d} | {n} | {' | '.join(cells)} |")
 
 
 def measure(sockets: int, passes: int) -> dict:
@@ -69,6 +76,9 @@ def measure(sockets: int, passes: int) -> dict:
 
     from accounts.sessions import sessions_current
     from billing.models import Tier
+    from conversations import load, load_warmer
+    from events import broadcast
+    from inference import fleet
 
     User = get_user_model()
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
@@ -93,6 +103,8 @@ def measure(sockets: int, passes: int) -> dict:
         )
     Session.objects.bulk_create(rows)
     pairs = [(row.session_key, user.pk) for row, user in zip(rows, users, strict=True)]
+    helpers = _send_cost_module()  # this checkout's, whichever checkout is measured
+    helpers.publish_idle_worker(PREFIX, max_num_seqs=8)
     try:
         cpu = []
         for _ in range(1 + passes):
@@ -100,10 +112,38 @@ def measure(sockets: int, passes: int) -> dict:
             current = sessions_current(pairs=pairs)
             cpu.append((time.thread_time() - started) * 1000)
             assert current == set(pairs), "a bench session did not read as current"
+        for key, user_id in pairs:
+            load_warmer.socket_opened(session_key=key, user_id=user_id)
+        warm = []
+        for _ in range(1 + passes):
+            load.forget_reads()
+            load_warmer._sessions_read_at = float("-inf")  # the pass that re-reads the sessions too
+            started = time.thread_time()
+            load_warmer.warm_once()
+            warm.append((time.thread_time() - started) * 1000)
     finally:
+        for key, user_id in pairs:
+            load_warmer.socket_closed(session_key=key, user_id=user_id)
+        for model in settings.INFERENCE_MODELS:
+            broadcast.redis_client().delete(fleet.status_key(f"{PREFIX}-{model}"))
         Session.objects.filter(session_key__in=[key for key, _ in pairs]).delete()
         User.objects.filter(username__startswith=PREFIX).delete()
-    return {"first_ms": cpu[0], "later_ms": statistics.median(cpu[1:])}
+    later = statistics.median(cpu[1:])
+    return {
+        "first_ms": cpu[0],
+        "later_ms": later,
+        "per_socket_us": later * 1000 / sockets,
+        "warm_ms": statistics.median(warm[1:]),
+    }
+
+
+def _send_cost_module():
+    """``bench_send_cost`` loaded from beside this file (its idle-worker status), also in an older checkout."""
+    path = Path(__file__).with_name("bench_send_cost.py")
+    spec = importlib.util.spec_from_file_location("_bench_send_cost_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":  # a run for --checkouts, in the checkout measured (the working directory)
