@@ -17,14 +17,13 @@ each run.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from datetime import timedelta
-from pathlib import Path
 
 from django.core.management.base import BaseCommand
 
@@ -103,8 +102,12 @@ def measure(sockets: int, passes: int) -> dict:
         )
     Session.objects.bulk_create(rows)
     pairs = [(row.session_key, user.pk) for row, user in zip(rows, users, strict=True)]
-    helpers = _send_cost_module()  # this checkout's, whichever checkout is measured
-    helpers.publish_idle_worker(PREFIX, max_num_seqs=8)
+    for model in settings.INFERENCE_MODELS:  # an idle, ready worker per model, so that the counts are read
+        worker = fleet.WorkerStatus(
+            worker_id=f"{PREFIX}-{model}", host=PREFIX, pid=0, model=model, ready=True
+        )
+        worker.updated_at = time.time()
+        broadcast.redis_client().set(fleet.status_key(worker.worker_id), json.dumps(asdict(worker)), ex=120)
     try:
         cpu = []
         for _ in range(1 + passes):
@@ -135,15 +138,6 @@ def measure(sockets: int, passes: int) -> dict:
         "per_socket_us": later * 1000 / sockets,
         "warm_ms": statistics.median(warm[1:]),
     }
-
-
-def _send_cost_module():
-    """``bench_send_cost`` loaded from beside this file (its idle-worker status), also in an older checkout."""
-    path = Path(__file__).with_name("bench_send_cost.py")
-    spec = importlib.util.spec_from_file_location("_bench_send_cost_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 if __name__ == "__main__":  # a run for --checkouts, in the checkout measured (the working directory)
