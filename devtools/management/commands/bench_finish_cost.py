@@ -1,8 +1,9 @@
 """``manage.py bench_finish_cost``: what a reply's final write costs in-process (``generation_worker.generation_finish``
 for a claimed reply of a new conversation, with the allowed output verdict every reply stores, as the GPU worker's
 reply thread calls it), its statements, and the CPU of the process per final write (``time.process_time``: every
-thread's, and on a VM the time their own system calls take) when the final writes run one after another and when ``--replies`` of them run at once on as many
-threads, as when a step of the engine ends that many replies together (a 32-client wave ends in one or two steps).
+thread's, and on a VM the time their own system calls take) when the final writes run one after another and when
+``--replies`` of them run at once on as many threads, as when a step of the engine ends that many replies together
+(a 32-client wave ends in one or two steps).
 No worker is needed: an idle worker status is published for the run's own admission and the tasks its sends queue
 are purged from the broker afterwards. ``--checkouts A,B`` measures each checkout's product code in turn (this
 file run as a script in that directory), alternated ``--rounds`` times, as ``bench_send_cost`` does. A benchmark
