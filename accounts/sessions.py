@@ -58,7 +58,7 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
     if not session_key:
         return False
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
-    if not _keeps_rows(store_class):
+    if not keeps_rows(store_class):
         store = store_class(session_key)
         if not _names_user(store, user_id):
             return False
@@ -76,7 +76,7 @@ def session_is_current(*, session_key: str | None, user_id: int) -> bool:
     return _signs_in(session, user)
 
 
-def _keeps_rows(store_class) -> bool:
+def keeps_rows(store_class) -> bool:
     """Whether the session store ``store_class`` keeps its sessions as rows of a model (Django's database
     engine and the engines built on it), which the fixed statements here can read."""
     return hasattr(store_class, "get_model_class")
@@ -104,10 +104,10 @@ def _names_user(session, user_id: int) -> bool:
 
 def _signs_in(session, user) -> bool:
     """Whether ``user`` (None: gone) is active and ``session``'s auth hash matches its current password."""
-    return user is not None and user.is_active and _hash_matches(session, user.get_session_auth_hash())
+    return user is not None and user.is_active and hash_matches(session, user.get_session_auth_hash())
 
 
-def _hash_matches(session, auth_hash: str) -> bool:
+def hash_matches(session, auth_hash: str) -> bool:
     """Whether ``session`` carries ``auth_hash`` (a user's ``get_session_auth_hash()``)."""
     session_hash = session.get(HASH_SESSION_KEY)
     return bool(session_hash) and constant_time_compare(session_hash, auth_hash)
@@ -132,7 +132,7 @@ def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
     call did not see is forgotten. Called from one thread at a time (the warmer's)."""
     global _decoded, _auth_hashes
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
-    if not _keeps_rows(store_class):
+    if not keeps_rows(store_class):
         return None
     keys = {key for key, _ in pairs if key}
     rows = store_class.get_model_class().objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
@@ -157,7 +157,7 @@ def sessions_current(*, pairs) -> set[tuple[str, int]] | None:
             session is not None
             and auth_hash
             and _names_user(session, user_id)
-            and _hash_matches(session, auth_hash)
+            and hash_matches(session, auth_hash)
         ):
             current.add((key, user_id))
     return current

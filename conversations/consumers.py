@@ -16,7 +16,6 @@ from collections import Counter
 
 import redis
 from channels.consumer import get_handler_name
-from channels.db import aclose_old_connections
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.utils import await_many_dispatch
@@ -146,8 +145,8 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
             logger.warning("could not leave channel-layer groups on disconnect", exc_info=True)
 
     async def dispatch(self, message):
-        """Channels' ``dispatch`` without its per-message ``aclose_old_connections()`` hop (kept only for the
-        connect, where the auth middleware's user lookup left a connection): since channels 4.2 that hop
+        """Channels' ``dispatch`` without its per-message ``aclose_old_connections()`` hop (the handshake's user
+        lookup closes its own connection: ``accounts.channels_auth``, lever 57): since channels 4.2 that hop
         onto the one thread shared by every thread-sensitive ``sync_to_async`` call of the process runs
         before *each* handler, i.e. before every frame in and every channel-layer event (each streamed
         token of each watched reply). Under load a frame waited there behind the other sockets' hops and
@@ -156,8 +155,6 @@ class ChatConsumer(AdmissionGateMixin, ReplyStreamMixin, AsyncJsonWebsocketConsu
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        if message["type"] == "websocket.connect":
-            await aclose_old_connections()
         await handler(message)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
