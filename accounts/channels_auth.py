@@ -48,9 +48,11 @@ class OutageTolerantAuthMiddleware(AuthMiddleware):
             store = scope["session"]._wrapped  # Channels' SessionMiddleware (above) put the store there
             if keeps_rows(type(store)):
                 scope["user"]._wrapped = await db_call(handshake_user, thread_sensitive=False)(store)
-            else:  # Channels' lookup on the shared thread: close the connection it leaves there
-                await super().resolve_scope(scope)
-                await aclose_old_connections()
+            else:
+                try:
+                    await super().resolve_scope(scope)  # Channels' lookup, on the shared thread
+                finally:
+                    await aclose_old_connections()  # the connection it left there, usable or not
         except DB_OUTAGE_ERRORS:
             logger.warning("WebSocket user lookup failed: the database is unavailable", exc_info=True)
             scope["user"]._wrapped = AnonymousUser()

@@ -7,7 +7,7 @@ from importlib import import_module
 import pytest
 from channels.auth import get_user as channels_get_user
 from django.conf import settings
-from django.contrib.auth import BACKEND_SESSION_KEY, SESSION_KEY
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.models import Session
 from django.db import connection
 from django.test import Client
@@ -116,3 +116,25 @@ def test_an_expired_session_leaves_the_store_empty_as_loading_it_would(alice):
     handshake_user(ours)
     assert dict(ours.items()) == dict(django_loaded.items()) == {}
     assert ours.session_key is None and django_loaded.session_key is None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_session_engine_without_rows_still_goes_through_channels_lookup(alice, settings):
+    """A store that keeps no rows (signed cookies) cannot be read by the fixed statements: Channels' own
+    ``get_user`` signs its user in."""
+    from asgiref.sync import sync_to_async
+    from channels.auth import UserLazyObject
+    from django.utils.functional import LazyObject
+
+    from accounts.channels_auth import OutageTolerantAuthMiddleware
+
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+    store = _store(None)
+    store[SESSION_KEY] = str(alice.pk)
+    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[HASH_SESSION_KEY] = await sync_to_async(alice.get_session_auth_hash)()
+    session = LazyObject()
+    session._wrapped = store
+    scope = {"session": session, "user": UserLazyObject()}
+    await OutageTolerantAuthMiddleware(None).resolve_scope(scope)
+    assert scope["user"]._wrapped.pk == alice.pk and "auth_unavailable" not in scope
