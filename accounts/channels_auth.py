@@ -84,7 +84,7 @@ def handshake_user(store):
         return AnonymousUser()
     backend = load_backend(backend_path)
     if type(backend).get_user is ModelBackend.get_user:
-        user = fetch_instance(get_user_model(), _user_where(), [user_id])
+        user = fetch_instance(get_user_model(), "id = %s", [user_id])
         user = user if user is not None and backend.user_can_authenticate(user) else None
     else:
         user = backend.get_user(user_id)
@@ -103,12 +103,6 @@ def _session_data_sql(store_class) -> str:
         f'SELECT "{meta.get_field("session_data").column}" FROM "{meta.db_table}" '
         f'WHERE "{meta.pk.column}" = %s AND "{meta.get_field("expire_date").column}" > %s'
     )
-
-
-@functools.cache
-def _user_where() -> str:
-    """The user row by primary key, for :func:`handshake_user` (built once the user model is loaded)."""
-    return f'"{get_user_model()._meta.pk.column}" = %s'
 
 
 def auth_middleware_stack(inner):
