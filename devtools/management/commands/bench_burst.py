@@ -135,18 +135,14 @@ class Command(BaseCommand):
         url = origin.replace("http", "ws", 1) + "/ws/chat/"
         web = psutil.Process(o["web_pid"] or listening_pid(urlsplit(origin).port or 80))
         prepare = OverheadBench(stdout=self.stdout, stderr=self.stderr)
-        cookies, _, api_user, api_key, _ = prepare.prepare(o["clients"], o["max_tokens"])
         rows = []
-        try:
+        with prepare.signed_in(o["clients"], o["max_tokens"]) as cookies:
             asyncio.run(burst(cookies[:1], url, origin, web))  # warm-up: not counted
             for _ in range(o["rounds"]):
                 # The web process counts its recent admissions as queued for 2 * ADMISSION_LOAD_CACHE_S + 1 s
                 # (conversations.load.note_admitted): each burst meets an empty queue, as the first one did.
                 time.sleep(2 * settings.ADMISSION_LOAD_CACHE_S + 1)
                 rows.append(asyncio.run(burst(cookies, url, origin, web)))
-        finally:
-            api_key.delete()
-            prepare.cleanup(api_user)
         n = o["clients"]
         w = self.stdout.write
         w(

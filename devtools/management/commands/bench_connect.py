@@ -55,17 +55,13 @@ class Command(BaseCommand):
         url = origin.replace("http", "ws", 1) + "/ws/chat/"
         web = psutil.Process(o["web_pid"] or listening_pid(urlsplit(origin).port or 80))
         prepare = OverheadBench(stdout=self.stdout, stderr=self.stderr)
-        users, _, api_user, api_key, _ = prepare.prepare(o["users"], 32)
-        cookies = [users[i % len(users)] for i in range(o["sockets"])]
         rows = []
-        try:
+        with prepare.signed_in(o["users"], 32) as users:
+            cookies = [users[i % len(users)] for i in range(o["sockets"])]
             asyncio.run(storm(cookies[:8], url, origin, web))  # warm-up: not counted
             for _ in range(o["rounds"]):
                 time.sleep(1.5)  # the last storm's closes and the warmer's passes over them are done
                 rows.append(asyncio.run(storm(cookies, url, origin, web)))
-        finally:
-            api_key.delete()
-            prepare.cleanup(api_user)
         n = o["sockets"]
         w = self.stdout.write
         w(

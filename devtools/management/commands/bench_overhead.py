@@ -22,6 +22,7 @@ feature's own cost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -214,6 +215,17 @@ class Command(BaseCommand):
         api_user = user(f"{TIER}-api", tier)
         api_key, key = api_key_create(user=api_user, name="bench_overhead")
         return cookies, refused_cookie, api_user, api_key, key
+
+    @contextlib.contextmanager
+    def signed_in(self, clients: int, max_tokens: int):
+        """The session cookies of ``clients`` bench users (:meth:`prepare`, memory off), for a command that needs
+        only those (``bench_burst``, ``bench_connect``); their API key and conversations are deleted on exit."""
+        cookies, _, api_user, api_key, _ = self.prepare(clients, max_tokens)
+        try:
+            yield cookies
+        finally:
+            api_key.delete()
+            self.cleanup(api_user)
 
     def load_engine(self):
         from django.conf import settings
