@@ -162,15 +162,20 @@ def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], l
     return message.conversation.system_prompt, turns, [id_ for id_, _, _ in earlier]
 
 
+#: :func:`generation_set_context`'s statement, fixed (lever 58): the ORM compiled the same ``UPDATE`` for every
+#: reply, and PostgreSQL planned it for every reply, the last of a reply's statements that did either.
+_SET_CONTEXT_SQL = f'UPDATE "{Message._meta.db_table}" SET omitted_messages = %s, prompt_tokens = %s, updated_at = %s WHERE id = %s'
+
+
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
-    """Record how many older turns the window left out and the prompt's size in tokens (nothing is written,
-    and nothing raised, for a reply deleted with its conversation meanwhile)."""
+    """Record how many older turns the window left out and the prompt's size in tokens, on ``message`` and in
+    its row, by one prepared statement (nothing is written, and nothing raised, for a reply deleted with its
+    conversation meanwhile). Raises what the driver raises."""
     message.omitted_messages = omitted
     message.prompt_tokens = prompt_tokens
     message.updated_at = timezone.now()
-    Message.objects.filter(pk=message.pk).update(
-        omitted_messages=omitted, prompt_tokens=prompt_tokens, updated_at=message.updated_at
-    )
+    with prepared_cursor() as cursor:
+        cursor.execute(_SET_CONTEXT_SQL, [omitted, prompt_tokens, message.updated_at, message.pk])
 
 
 def generation_finish(

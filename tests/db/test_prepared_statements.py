@@ -183,3 +183,27 @@ def test_admissions_counts_and_reads_are_fixed_statements_on_the_partial_index(a
     load.clear_cache()
     with pytest.raises(Tier.DoesNotExist):
         load.cached_tier(10**9)
+
+
+def test_a_replys_context_is_recorded_by_one_prepared_statement(alice):
+    """The worker's record of a reply's window (omitted turns, prompt tokens) is one fixed statement, prepared
+    once per connection, not an ``UPDATE`` the ORM compiles and PostgreSQL plans for every reply (lever 58)."""
+    from conversations.generation_worker import generation_set_context
+
+    conversation = Conversation.objects.create(owner=alice, title="t")
+    reply = Message.objects.create(
+        conversation=conversation, role="assistant", status="streaming", model_name="m"
+    )
+    before = reply.updated_at
+    with CaptureQueriesContext(connection) as queries:
+        generation_set_context(message=reply, omitted=2, prompt_tokens=40)
+    (query,) = queries.captured_queries
+    assert '"conversations_message"."' not in query["sql"]  # the ORM qualifies every column it compiles
+    assert prepared("SET omitted_messages") == [(1, 0)]
+    stored = Message.objects.get(pk=reply.pk)
+    assert (
+        (stored.omitted_messages, stored.prompt_tokens)
+        == (2, 40)
+        == (reply.omitted_messages, reply.prompt_tokens)
+    )
+    assert stored.updated_at == reply.updated_at > before

@@ -3,11 +3,13 @@ for a claimed reply of a new conversation, with the allowed output verdict every
 reply thread calls it), its statements, and the CPU of the process per final write (``time.process_time``: every
 thread's, and on a VM the time their own system calls take) when the final writes run one after another and when
 ``--replies`` of them run at once on as many threads, as when a step of the engine ends that many replies together
-(a 32-client wave ends in one or two steps).
+(a 32-client wave ends in one or two steps). In the one-after-another pass each reply's context record
+(``generation_worker.generation_set_context``, written after its first delta) runs before its final write and is
+timed on its own: CPU p50 (``time.thread_time``) and its statements.
 No worker is needed: an idle worker status is published for the run's own admission and the tasks its sends queue
 are purged from the broker afterwards. ``--checkouts A,B`` measures each checkout's product code in turn (this
 file run as a script in that directory), alternated ``--rounds`` times, as ``bench_send_cost`` does. A benchmark
-that prints figures, not a test; ``docs/overhead-levers.md`` (levers 51, 52, 54) holds them.
+that prints figures, not a test; ``docs/overhead-levers.md`` (levers 51, 52, 54, 58) holds them.
 
     manage.py bench_finish_cost --checkouts ../before,. --rounds 3 --replies 30
 """
@@ -47,14 +49,16 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             "| checkout | statements | CPU per final write, one at a time, ms | CPU per final write, "
-            f"{replies} at once, ms | wall of {replies} at once, ms |"
+            f"{replies} at once, ms | wall of {replies} at once, ms | context record: CPU p50, ms "
+            "(statements) |"
         )
-        self.stdout.write("|---|---|---|---|---|")
+        self.stdout.write("|---|---|---|---|---|---|")
         for d, rows in runs.items():
             cells = []
-            for key in ("sequential_cpu_ms", "concurrent_cpu_ms", "concurrent_wall_ms"):
-                v = [r[key] for r in rows]
+            for key in ("sequential_cpu_ms", "concurrent_cpu_ms", "concurrent_wall_ms", "context_cpu_ms"):
+                v = [r.get(key, float("nan")) for r in rows]
                 cells.append(f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")
+            cells[-1] += f" ({rows[-1].get('context_statements', '-')})"
             self.stdout.write(f"| {d} | {rows[-1]['statements']} | {' | '.join(cells)} |")
 
 
@@ -111,14 +115,26 @@ def measure(replies: int) -> dict:
         )
         close_request_connections()
 
+    def record(message: Message) -> float:
+        """The reply's context record, as the runner writes it after the first delta; its CPU in s."""
+        cpu = time.thread_time()
+        generation_worker.generation_set_context(message=message, omitted=0, prompt_tokens=36)
+        cpu = time.thread_time() - cpu
+        close_request_connections()
+        return cpu
+
     try:
         first, *batch = claimed(replies + 1)
+        with CaptureQueriesContext(connection) as context_queries:
+            record(first)
         with CaptureQueriesContext(connection) as queries:
             finish(first)
+        contexts = []
         cpu = time.process_time()
         for message in batch:
+            contexts.append(record(message))
             finish(message)
-        sequential = (time.process_time() - cpu) * 1000 / len(batch)
+        sequential = ((time.process_time() - cpu) - sum(contexts)) * 1000 / len(batch)
         batch = claimed(replies)
         threads = [threading.Thread(target=finish, args=(m,)) for m in batch]
         cpu, wall = time.process_time(), time.perf_counter()
@@ -136,6 +152,8 @@ def measure(replies: int) -> dict:
         "sequential_cpu_ms": sequential,
         "concurrent_cpu_ms": concurrent,
         "concurrent_wall_ms": wall,
+        "context_cpu_ms": statistics.median(contexts) * 1000,
+        "context_statements": len(context_queries.captured_queries),
     }
 
 
