@@ -164,7 +164,10 @@ def generation_branch(*, message: Message) -> tuple[str, list[dict[str, str]], l
 
 #: :func:`generation_set_context`'s statement, fixed (lever 58): the ORM compiled the same ``UPDATE`` for every
 #: reply, and PostgreSQL planned it for every reply, the last of a reply's statements that did either.
-_SET_CONTEXT_SQL = f'UPDATE "{Message._meta.db_table}" SET omitted_messages = %s, prompt_tokens = %s, updated_at = %s WHERE id = %s'
+_SET_CONTEXT_SQL = (
+    f'UPDATE "{Message._meta.db_table}" SET omitted_messages = %s, prompt_tokens = %s, updated_at = %s'
+    " WHERE id = %s"
+)
 
 
 def generation_set_context(*, message: Message, omitted: int, prompt_tokens: int) -> None:
