@@ -56,9 +56,9 @@ class Command(BaseCommand):
         for d, rows in runs.items():
             cells = []
             for key in ("sequential_cpu_ms", "concurrent_cpu_ms", "concurrent_wall_ms", "context_cpu_ms"):
-                v = [r.get(key, float("nan")) for r in rows]
+                v = [r[key] for r in rows]
                 cells.append(f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]")
-            cells[-1] += f" ({rows[-1].get('context_statements', '-')})"
+            cells[-1] += f" ({rows[-1]['context_statements']})"
             self.stdout.write(f"| {d} | {rows[-1]['statements']} | {' | '.join(cells)} |")
 
 
