@@ -16,12 +16,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from accounts.channels_auth import auth_middleware_stack  # noqa: E402  (needs the app registry loaded above)
-from chatsite import websocket_limits  # noqa: E402
+from chatsite import websocket_debug_args, websocket_limits  # noqa: E402
 from conversations.routing import websocket_urlpatterns  # noqa: E402
 from observability.gc_pauses import startup_done  # noqa: E402
 from safety.chain import guards_loaded  # noqa: E402
 
 websocket_limits.apply()
+websocket_debug_args.apply()  # Autobahn's per-frame debug arguments unformatted (lever 59)
 # The guard chain at start (the classifier's tables take ~0.3 s idle, seconds on a busy box): a
 # misconfigured guard stops the process here, and the first send does not pay for the load.
 guards_loaded()

@@ -1,12 +1,14 @@
 """Reads of conversations and messages. Every read of a conversation goes through
 :func:`conversation_get_for_user`, which refuses other users' conversations."""
 
+import functools
+
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
 from django.http import Http404
 
 from conversations.models import Conversation, Message
-from database.sql import fetch_instance, fetch_one
+from database.sql import fetch_instance, fetch_one, instances_from_row, select_list
 
 SIDEBAR_PAGE_SIZE = 30
 #: Primary keys are PostgreSQL ``bigint``; a larger id cannot exist (and would make the query fail).
@@ -53,16 +55,43 @@ def conversation_get_for_user(*, user, conversation_id, for_update: bool = False
     return conversation
 
 
+@functools.cache
+def _message_for_user_statement() -> tuple[str, tuple]:
+    """``(sql, row_fields)`` of :func:`message_get_for_user`: the message and its conversation in one row,
+    built once per process (``database.sql.select_list``)."""
+    columns, row_fields = select_list((("m", Message), ("c", Conversation)))
+    sql = (
+        f'SELECT {columns} FROM "{Message._meta.db_table}" m'
+        f' JOIN "{Conversation._meta.db_table}" c ON c.id = m.conversation_id'
+        " WHERE m.id = %s AND c.owner_id = %s"
+    )
+    return sql, row_fields
+
+
 def message_get_for_user(*, user, message_id) -> Message:
-    """A message in one of ``user``'s conversations. Raises :class:`MessageNotFound` otherwise."""
+    """A message in one of ``user``'s conversations (stored or not), with its conversation loaded
+    (``message.conversation`` costs no query, nor does ``message.conversation.owner`` when ``user`` is a
+    user instance). Raises :class:`MessageNotFound` for a missing or non-integer id, another user's message,
+    or an anonymous user.
+
+    One fixed statement, prepared once per connection (``database/sql.py``; docs/overhead-levers.md, lever
+    60): the ORM's ``select_related(...).get(...)`` compiled its join on every call, and it is read by every
+    ``resume`` frame, every ``stop`` and a burst's late joiners' catch-up."""
     if user is None or not user.is_authenticated:
         raise MessageNotFound("message not found")
     try:
-        return Message.objects.select_related("conversation").get(
-            pk=_pk(message_id), conversation__owner=user
-        )
-    except (Message.DoesNotExist, TypeError, ValueError) as exc:
+        pk = _pk(message_id)
+    except (TypeError, ValueError) as exc:
         raise MessageNotFound("message not found") from exc
+    sql, row_fields = _message_for_user_statement()
+    row = fetch_one(sql, (pk, user.pk))
+    if row is None:
+        raise MessageNotFound("message not found")
+    message, conversation = instances_from_row(row_fields, row)
+    message.conversation = conversation
+    if isinstance(user, get_user_model()):
+        conversation.owner = user
+    return message
 
 
 def conversation_page_for_user(*, user, page_number=1, per_page: int = SIDEBAR_PAGE_SIZE) -> Page:

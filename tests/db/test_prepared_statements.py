@@ -207,3 +207,39 @@ def test_a_replys_context_is_recorded_by_one_prepared_statement(alice):
         == (reply.omitted_messages, reply.prompt_tokens)
     )
     assert stored.updated_at == reply.updated_at > before
+
+
+def test_a_message_is_read_for_its_user_by_one_prepared_statement(alice, bob):
+    """``message_get_for_user`` (every ``resume`` frame, every ``stop``, a late joiner's catch-up) reads the
+    message and its conversation by one fixed statement, prepared once per connection, loaded as the ORM loads
+    them (lever 60); other users, bad ids and unstored conversations behave as before."""
+    from conversations.selectors import MessageNotFound, message_get_for_user
+
+    conversation = Conversation.objects.create(owner=alice, title="t", stored=False)
+    reply = Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        status="completed",
+        model_name="m",
+        content="Hello.",
+        sampling={"temperature": 0.5, "stop": ["\n"]},
+    )
+    with CaptureQueriesContext(connection) as queries:
+        first = message_get_for_user(user=alice, message_id=reply.pk)
+        again = message_get_for_user(user=alice, message_id=str(reply.pk))
+        # Its conversation and that conversation's owner come with it.
+        assert first.conversation.title == "t" and first.conversation.owner is alice
+    assert len(queries.captured_queries) == 2
+    assert all('"conversations_message"."' not in q["sql"] for q in queries.captured_queries)
+    assert prepared(" m JOIN ") == [(2, 0)]
+    orm = Message.objects.select_related("conversation").get(pk=reply.pk)
+    for loaded in (first, again):
+        assert loaded == orm and not loaded._state.adding and loaded._state.db == "default"
+        assert {f.attname: getattr(loaded, f.attname) for f in Message._meta.concrete_fields} == {
+            f.attname: getattr(orm, f.attname) for f in Message._meta.concrete_fields
+        }
+        assert loaded.sampling == {"temperature": 0.5, "stop": ["\n"]}
+        assert loaded.conversation == orm.conversation and loaded.conversation.stored is False
+    for user, message_id in ((bob, reply.pk), (alice, "abc"), (alice, None), (alice, 2**63), (alice, 0)):
+        with pytest.raises(MessageNotFound):
+            message_get_for_user(user=user, message_id=message_id)

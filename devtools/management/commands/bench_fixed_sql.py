@@ -5,7 +5,10 @@ each run the way it ran before and after docs/overhead-levers.md levers 25-26, t
   client-binding cursor (parsed and planned at every run) and through ``database.sql.prepared_cursor``
   (prepared once per connection, on its generic plan);
 - the API key read: the queryset it replaced (``select_related("user__tier").get``), and
-  ``api.selectors._active_key`` (one fixed, prepared statement).
+  ``api.selectors._active_key`` (one fixed, prepared statement);
+- a message read for its user (every ``resume`` frame, every ``stop``, a late joiner's catch-up): the
+  queryset it replaced (``select_related("conversation").get``) and ``conversations.selectors.message_get_for_user``
+  (one fixed, prepared statement; lever 60).
 
 Everything runs inside one transaction that is rolled back (a throwaway user, key, conversation and queued
 reply; the claim's reply is put back to ``queued`` between runs, untimed). Prints median [min-max] over rounds
@@ -18,6 +21,7 @@ import statistics
 import time
 import uuid
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
@@ -29,6 +33,7 @@ from api.services import api_key_create, hash_key
 from conversations.admission import _TOTALS_SQL
 from conversations.generation_worker import _claim_statement
 from conversations.models import Conversation, Message
+from conversations.selectors import message_get_for_user
 from database.sql import prepared_cursor
 from documents.models import Document
 
@@ -38,7 +43,7 @@ class _Rollback(Exception):
 
 
 class Command(BaseCommand):
-    help = "Time the claim, the totals and the API key read as they ran before and after levers 25-26."
+    help = "Time the claim, the totals, the API key read and a message read as they ran before and after levers 25, 26 and 60."
 
     def add_arguments(self, parser):
         parser.add_argument("--rounds", type=int, default=3)
@@ -81,7 +86,7 @@ class Command(BaseCommand):
             parent=question,
         )
         claim_sql, _ = _claim_statement()
-        key_sql, _ = _key_statement()
+        key_sql, _ = _key_statement(settings.MEMORY_ENABLED)
         totals = {
             "conversation": conversation.pk,
             "turn_roles": [Message.Role.USER, Message.Role.ASSISTANT],
@@ -127,6 +132,14 @@ class Command(BaseCommand):
                 lambda: key_hash,
                 lambda key: _active_key(key_hash=key),
             ),
+            "a message read for its user, the queryset (before)": (
+                lambda: reply.pk,
+                lambda pk: _reference_message(user, pk),
+            ),
+            "a message read for its user, fixed and prepared (after)": (
+                lambda: reply.pk,
+                lambda pk: message_get_for_user(user=user, message_id=pk),
+            ),
         }
 
     def _round(self, cases, calls: int) -> dict[str, float]:
@@ -140,6 +153,11 @@ class Command(BaseCommand):
                 if i >= 20:
                     samples[name].append((time.perf_counter() - started) * 1e3)
         return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _reference_message(user, message_id: int) -> Message:
+    """``message_get_for_user``'s read as it was before lever 60."""
+    return Message.objects.select_related("conversation").get(pk=message_id, conversation__owner=user)
 
 
 def _reference_key(key_hash: str):

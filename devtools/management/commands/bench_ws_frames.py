@@ -1,0 +1,115 @@
+"""``manage.py bench_ws_frames``: what Autobahn, under daphne, spends of the web process's CPU per WebSocket
+frame it writes (a token frame) and per frame it reads (a client's ``resume``), in process, with its per-frame
+debug-log helpers as Autobahn installs them and as ``chatsite/websocket_debug_args.py`` leaves them (lever 59),
+the two variants alternated ``--rounds`` times. Each frame goes through a real ``WebSocketServerProtocol``
+past its opening handshake, over Twisted's in-memory transport (no socket, so the figures are Autobahn's
+Python alone). Prints median [min-max] over the rounds of µs of CPU (``time.thread_time``) per frame. A
+benchmark that prints figures, not a test; docs/overhead-levers.md holds them.
+
+    manage.py bench_ws_frames --rounds 5 --frames 20000
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from django.core.management.base import BaseCommand
+
+TOKEN_FRAME = b'{"type":"token","message_id":123456,"seq":17,"text":" world"}'
+RESUME_FRAME = b'{"type":"resume","message_id":123456,"after_seq":16}'
+HANDSHAKE = (
+    b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+class Command(BaseCommand):
+    help = "Autobahn's CPU per WebSocket frame written and read, as installed and with lever 59."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--rounds", type=int, default=5)
+        parser.add_argument("--frames", type=int, default=20000, help="frames written and read per round")
+
+    def handle(self, *args, rounds, frames, **options):
+        import autobahn.twisted.websocket as twisted_ws
+        import autobahn.websocket.protocol as protocol_module
+
+        from chatsite import websocket_debug_args
+
+        modules = (protocol_module, twisted_ws)
+        installed = {(m, h): getattr(m, h) for m in modules for h in websocket_debug_args.HELPERS}
+        protocol, transport = _open_socket()
+        masked = _client_frame(RESUME_FRAME)
+        figures: dict[str, dict[str, list[float]]] = {"as installed": {}, "lever 59": {}}
+        try:
+            for _ in range(rounds):
+                for variant, figure in figures.items():
+                    for (module, helper), value in installed.items():
+                        setattr(
+                            module, helper, value if variant == "as installed" else websocket_debug_args.as_is
+                        )
+                    written, read = _round(protocol, transport, masked, frames)
+                    figure.setdefault("written", []).append(written)
+                    figure.setdefault("read", []).append(read)
+        finally:
+            for (module, helper), value in installed.items():
+                setattr(module, helper, value)
+        self.stdout.write(
+            f"bench_ws_frames: {rounds} rounds x {frames} frames each way; load average "
+            f"{open('/proc/loadavg').read()[:14]}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        )
+        self.stdout.write(
+            "| Autobahn's debug helpers | token frame written, µs CPU | resume frame read, µs CPU |"
+        )
+        self.stdout.write("|---|---|---|")
+        for variant, figure in figures.items():
+            cells = [
+                f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
+                for v in (figure["written"], figure["read"])
+            ]
+            self.stdout.write(f"| {variant} | {cells[0]} | {cells[1]} |")
+
+
+def _open_socket():
+    """An Autobahn server protocol past its opening handshake, over ``StringTransport``."""
+    from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+    from twisted.internet.testing import StringTransport
+
+    class Server(WebSocketServerProtocol):
+        def onMessage(self, payload, isBinary):  # noqa: N802 (Autobahn's name)
+            pass
+
+    factory = WebSocketServerFactory("ws://127.0.0.1:8000")
+    factory.protocol = Server
+    protocol = factory.buildProtocol(None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.dataReceived(HANDSHAKE)
+    if protocol.state != protocol.STATE_OPEN:
+        raise RuntimeError("the opening handshake did not complete")
+    return protocol, transport
+
+
+def _client_frame(payload: bytes) -> bytes:
+    """One masked text frame as a browser sends it (RFC 6455 5.2; payload under 126 bytes)."""
+    mask = b"\x11\x22\x33\x44"
+    return bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def _round(protocol, transport, masked: bytes, frames: int) -> tuple[float, float]:
+    """µs of CPU per frame written and per frame read, after 1,000 untimed of each."""
+    for _ in range(1000):
+        protocol.sendMessage(TOKEN_FRAME)
+        protocol.dataReceived(masked)
+    transport.clear()
+    started = time.thread_time()
+    for _ in range(frames):
+        protocol.sendMessage(TOKEN_FRAME)
+    written = (time.thread_time() - started) / frames * 1e6
+    transport.clear()
+    started = time.thread_time()
+    for _ in range(frames):
+        protocol.dataReceived(masked)
+    read = (time.thread_time() - started) / frames * 1e6
+    return written, read
