@@ -2,7 +2,6 @@
 (``chatsite/websocket_debug_args.py``, lever 59): frames still go out and come in whole, and a debug line, when
 Autobahn's debug log is on, still names the peer and the byte count."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,42 +10,12 @@ from unittest import mock
 import click
 import pytest
 import txaio
-from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 
 from chatsite import websocket_debug_args
+from devtools.ws_frames import client_frame, open_socket
 
 ROOT = Path(__file__).resolve().parents[2]
-HANDSHAKE = (
-    b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
-
-
-class Server(WebSocketServerProtocol):
-    def onMessage(self, payload, isBinary):  # noqa: N802 (Autobahn's name)
-        self.factory.received.append(payload)
-
-
-def open_socket():
-    """An Autobahn server protocol over an in-memory transport, past the opening handshake."""
-    factory = WebSocketServerFactory("ws://127.0.0.1:8000")
-    factory.protocol = Server
-    factory.received = []
-    protocol = factory.buildProtocol(None)
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    protocol.dataReceived(HANDSHAKE)
-    assert protocol.state == protocol.STATE_OPEN
-    transport.clear()
-    return protocol, transport, factory
-
-
-def client_frame(payload: bytes) -> bytes:
-    """One masked text frame as a browser sends it (RFC 6455 5.2; payload under 126 bytes)."""
-    mask = b"\x01\x02\x03\x04"
-    return bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 @pytest.fixture
@@ -62,13 +31,14 @@ def applied():
 
 
 def test_frames_written_and_read_style_no_log_arguments(applied):
-    protocol, transport, factory = open_socket()
+    received = []
+    protocol, transport = open_socket(received.append)
     with mock.patch.object(click, "style", wraps=click.style) as style:
         protocol.sendMessage(b'{"type":"token","seq":1,"text":" hi"}')
         protocol.dataReceived(client_frame(b'{"type":"resume","message_id":7}'))
     assert style.call_count == 0
     assert transport.value() == b"\x81\x25" + b'{"type":"token","seq":1,"text":" hi"}'
-    assert factory.received == [b'{"type":"resume","message_id":7}']
+    assert received == [b'{"type":"resume","message_id":7}']
 
 
 def test_without_it_each_frame_styles_its_log_arguments():
@@ -78,7 +48,7 @@ def test_without_it_each_frame_styles_its_log_arguments():
 
     if protocol_module.hltype is websocket_debug_args.as_is:
         pytest.skip("applied in this process already")
-    protocol, _transport, _factory = open_socket()
+    protocol, _transport = open_socket()
     with mock.patch.object(click, "style", wraps=click.style) as style:
         protocol.sendMessage(b"{}")
     assert style.call_count >= 3
@@ -91,7 +61,7 @@ def test_a_debug_line_still_names_the_peer_and_the_byte_count(applied):
         if "sent {data_len} bytes" in (event.get("log_format") or ""):
             lines.append(event)
 
-    protocol, _transport, _factory = open_socket()
+    protocol, _transport = open_socket()
     globalLogPublisher.addObserver(observer)
     level = txaio.get_global_log_level()
     txaio.set_global_log_level("debug")
@@ -113,17 +83,5 @@ def test_daphnes_application_applies_it_at_start():
         "from chatsite.websocket_debug_args import as_is;"
         "print(all(m.hltype is as_is and m.hlval is as_is for m in (p, t)))"
     )
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "chatsite.settings.test"),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    out = subprocess.check_output([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=120)
+    assert out.strip().splitlines()[-1] == "True"

@@ -80,6 +80,7 @@ class Command(BaseCommand):
         self.ws_url = origin.replace("http", "ws", 1) + "/ws/chat/"
         self.origin, self.api_url = origin, origin + "/v1"
         load_before = open("/proc/loadavg").read().split()[:3]
+        self.started_at = time.gmtime()
         if o["only"] != "all":
             return self.handle_only(o, levels, load_before)
         cookies, refused_cookie, api_user, api_key, key = self.prepare(
@@ -391,5 +392,5 @@ class Command(BaseCommand):
             if not s.ok
         )
         w(
-            f"replies not completed: {sum(failed.values())}{' ' + str(dict(failed)) if failed else ''}; error codes: {errors or 'none'}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+            f"replies not completed: {sum(failed.values())}{' ' + str(dict(failed)) if failed else ''}; error codes: {errors or 'none'}; started {time.strftime('%Y-%m-%d %H:%M UTC', self.started_at)}, ended {time.strftime('%H:%M UTC', time.gmtime())}"
         )

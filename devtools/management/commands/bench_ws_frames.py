@@ -16,12 +16,10 @@ import time
 
 from django.core.management.base import BaseCommand
 
+from devtools.ws_frames import client_frame, open_socket
+
 TOKEN_FRAME = b'{"type":"token","message_id":123456,"seq":17,"text":" world"}'
 RESUME_FRAME = b'{"type":"resume","message_id":123456,"after_seq":16}'
-HANDSHAKE = (
-    b"GET /ws/chat/ HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-)
 
 
 class Command(BaseCommand):
@@ -39,8 +37,8 @@ class Command(BaseCommand):
 
         modules = (protocol_module, twisted_ws)
         installed = {(m, h): getattr(m, h) for m in modules for h in websocket_debug_args.HELPERS}
-        protocol, transport = _open_socket()
-        masked = _client_frame(RESUME_FRAME)
+        protocol, transport = open_socket()
+        masked = client_frame(RESUME_FRAME)
         figures: dict[str, dict[str, list[float]]] = {"as installed": {}, "lever 59": {}}
         try:
             for _ in range(rounds):
@@ -69,32 +67,6 @@ class Command(BaseCommand):
                 for v in (figure["written"], figure["read"])
             ]
             self.stdout.write(f"| {variant} | {cells[0]} | {cells[1]} |")
-
-
-def _open_socket():
-    """An Autobahn server protocol past its opening handshake, over ``StringTransport``."""
-    from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-    from twisted.internet.testing import StringTransport
-
-    class Server(WebSocketServerProtocol):
-        def onMessage(self, payload, isBinary):  # noqa: N802 (Autobahn's name)
-            pass
-
-    factory = WebSocketServerFactory("ws://127.0.0.1:8000")
-    factory.protocol = Server
-    protocol = factory.buildProtocol(None)
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    protocol.dataReceived(HANDSHAKE)
-    if protocol.state != protocol.STATE_OPEN:
-        raise RuntimeError("the opening handshake did not complete")
-    return protocol, transport
-
-
-def _client_frame(payload: bytes) -> bytes:
-    """One masked text frame as a browser sends it (RFC 6455 5.2; payload under 126 bytes)."""
-    mask = b"\x11\x22\x33\x44"
-    return bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def _round(protocol, transport, masked: bytes, frames: int) -> tuple[float, float]:
