@@ -31,12 +31,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, rounds, frames, **options):
         import autobahn.twisted.websocket as twisted_ws
+        import autobahn.util
         import autobahn.websocket.protocol as protocol_module
 
         from chatsite import websocket_debug_args
 
         modules = (protocol_module, twisted_ws)
-        installed = {(m, h): getattr(m, h) for m in modules for h in websocket_debug_args.HELPERS}
+        # Autobahn's own helpers (autobahn.util), even where this process has applied lever 59 already.
+        installed = {(m, h): getattr(autobahn.util, h) for m in modules for h in websocket_debug_args.HELPERS}
+        bound = {(m, h): getattr(m, h) for m, h in installed}
         protocol, transport = open_socket()
         masked = client_frame(RESUME_FRAME)
         figures: dict[str, dict[str, list[float]]] = {"as installed": {}, "lever 59": {}}
@@ -51,7 +54,7 @@ class Command(BaseCommand):
                     figure.setdefault("written", []).append(written)
                     figure.setdefault("read", []).append(read)
         finally:
-            for (module, helper), value in installed.items():
+            for (module, helper), value in bound.items():
                 setattr(module, helper, value)
         self.stdout.write(
             f"bench_ws_frames: {rounds} rounds x {frames} frames each way; load average "
