@@ -30,26 +30,30 @@ class Command(BaseCommand):
         parser.add_argument("--frames", type=int, default=20000, help="frames written and read per round")
 
     def handle(self, *args, rounds, frames, **options):
-        import autobahn.twisted.websocket as twisted_ws
+        import importlib
+
         import autobahn.util
-        import autobahn.websocket.protocol as protocol_module
 
         from chatsite import websocket_debug_args
 
-        modules = (protocol_module, twisted_ws)
-        # Autobahn's own helpers (autobahn.util), even where this process has applied lever 59 already.
-        installed = {(m, h): getattr(autobahn.util, h) for m in modules for h in websocket_debug_args.HELPERS}
-        bound = {(m, h): getattr(m, h) for m, h in installed}
+        modules = [importlib.import_module(name) for name in websocket_debug_args.MODULES]
+        helpers = [(m, h) for m in modules for h in websocket_debug_args.HELPERS]
+        bound = {(m, h): getattr(m, h) for m, h in helpers}  # restored after the run
+
+        def use(variant: str) -> None:
+            if variant == "lever 59":
+                websocket_debug_args.apply()  # what daphne's application does at start
+            else:  # Autobahn's own helpers (autobahn.util), even where this process has applied lever 59
+                for module, helper in helpers:
+                    setattr(module, helper, getattr(autobahn.util, helper))
+
         protocol, transport = open_socket()
         masked = client_frame(RESUME_FRAME)
         figures: dict[str, dict[str, list[float]]] = {"as installed": {}, "lever 59": {}}
         try:
             for _ in range(rounds):
                 for variant, figure in figures.items():
-                    for (module, helper), value in installed.items():
-                        setattr(
-                            module, helper, value if variant == "as installed" else websocket_debug_args.as_is
-                        )
+                    use(variant)
                     written, read = _round(protocol, transport, masked, frames)
                     figure.setdefault("written", []).append(written)
                     figure.setdefault("read", []).append(read)
