@@ -1,10 +1,11 @@
 """The in-process benchmark commands still run against the product as it is now.
 
-They print figures and assert nothing, and the suite never ran them, so a change to what they call broke them
-unnoticed: ``bench_fixed_sql`` raised a ``TypeError`` for several sessions after the API key statement's builder
-took a new argument (docs/overhead.md, round 37). Each is run here with the smallest sizes it takes; the tests check
-that it completes and prints the rows of its table, never its figures. The commands that drive a running stack
-(``--origin``) are left to the stack's own tests (tests/unit/test_bench_burst.py and the overhead bench's helpers).
+They print figures and assert nothing, and nothing else runs them, so a change to what they call can break them
+unnoticed: ``bench_fixed_sql`` raised a ``TypeError`` once the API key statement's builder took a new argument
+(docs/overhead.md, round 37). Each runs here at the smallest sizes it takes; the tests check that it completes, prints
+the rows of its table and leaves nothing stored, never its figures. The commands that drive a running stack
+(``--origin``) are not run here; their helpers have unit tests (tests/unit/test_bench_burst.py,
+tests/unit/test_overhead_bench_gaps.py).
 """
 
 from __future__ import annotations
