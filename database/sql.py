@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from django.db import connection
 from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, ServerBindingCursor
 from django.db.backends.postgresql.psycopg_any import register_tzloader
+from psycopg._queries import PostgresQuery, _query2pg_nocache
 from psycopg.pq import Format
 
 #: Runs of one statement on one connection before psycopg prepares it there: 0, at its first run. Every
@@ -32,11 +33,47 @@ from psycopg.pq import Format
 PREPARE_THRESHOLD = 0
 
 
+#: Fixed statements whose placeholder conversion :class:`_FixedStatementQuery` keeps: far more than the shapes
+#: the callers of :func:`prepared_cursor` build (a few dozen), so none is ever converted twice in a process.
+CONVERTED_STATEMENTS = 512
+
+
+@functools.lru_cache(maxsize=CONVERTED_STATEMENTS)
+def _converted(query: bytes, encoding: str) -> tuple:
+    return _query2pg_nocache(query, encoding)
+
+
+class _FixedStatementQuery(PostgresQuery):
+    """psycopg's conversion of a query's ``%s``/``%(name)s`` placeholders into PostgreSQL's ``$n`` (a scan of
+    the whole text), kept per statement for every statement of :func:`prepared_cursor` (docs/overhead-levers.md,
+    lever 61). psycopg keeps it only for a statement of at most 50 parameters and 4 KiB
+    (``psycopg._queries.MAX_CACHED_STATEMENT_PARAMS``; ORM-built inserts of varying row counts would fill its
+    cache), so the send's message chain insert, with more parameters than that, was scanned again on every send:
+    0.09 ms of the web process's CPU per send on an AMD EPYC Zen 4. The statements here are written once each
+    (a fixed set of shapes), so the cache stays small. Everything but the cached conversion is psycopg's own
+    ``convert`` (psycopg 3.3, pinned: the attributes set here are its internals, which
+    ``tests/db/test_prepared_statements.py`` exercises); a ``psycopg.sql`` composition, or a query without
+    parameters, goes to it unchanged."""
+
+    __slots__ = ()
+
+    def convert(self, query, vars) -> None:
+        if vars is None or not isinstance(query, (str, bytes)):
+            super().convert(query, vars)
+            return
+        query = self._ensure_bytes(query)
+        self.query, self._want_formats, self._order, self._parts = _converted(query, self._tx.encoding)
+        self.dump(vars)
+
+
 class _PreparingCursor(ServerBindingCursor):
     """Django's server-binding psycopg cursor, which also records the query of a run of a prepared statement:
     psycopg (3.3) sets ``_query``, which Django's ``last_executed_query`` reads for its query log (and so
     ``CaptureQueriesContext``), only when it sends a statement's text, so a prepared run was logged as the
-    previous statement's SQL, or as None."""
+    previous statement's SQL, or as None. Its placeholders are converted once per statement
+    (:class:`_FixedStatementQuery`)."""
+
+    _query_cls = _FixedStatementQuery
 
     def _send_query_prepared(self, name, pgq, *, binary=None):
         self._query = pgq

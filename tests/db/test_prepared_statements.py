@@ -2,10 +2,13 @@
 (docs/overhead-levers.md, lever 25), while the ORM's statements stay client-bound and unprepared; the query log
 still shows what ran."""
 
+import uuid
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from conversations import generations
 from conversations.admission import conversation_totals
 from conversations.generation_worker import generation_start
 from conversations.models import Conversation, Message
@@ -87,6 +90,37 @@ def test_the_send_chain_and_the_workers_claim_are_prepared_and_keep_their_result
         ("user", "completed", "question 1"),
         ("assistant", "completed", ""),
     ]
+
+
+def test_a_fixed_statements_placeholders_are_converted_once_whatever_its_parameters(alice, monkeypatch):
+    """Lever 61: psycopg converts ``%s`` placeholders to ``$n`` afresh on every run of a statement of more than
+    50 parameters (its own cache skips those), which the send's message chain insert is."""
+    import psycopg._queries
+
+    from database import sql
+
+    conversions = []
+    convert = psycopg._queries._query2pg_nocache
+
+    def counted(query: bytes, encoding: str):
+        conversions.append(query)
+        return convert(query, encoding)
+
+    # Wherever the conversion runs: psycopg's own (uncached for such statements) or the fixed statements' cache.
+    monkeypatch.setattr(psycopg._queries, "_query2pg_nocache", counted)
+    monkeypatch.setattr(sql, "_query2pg_nocache", counted)
+    sql._converted.cache_clear()
+    for n in range(3):  # a page's send: a new conversation, its question, its reply, verdict and reservation
+        ticket = generations.reply_request(
+            user=alice, conversation_id=None, content=f"question {n}", client_id=uuid.uuid4()
+        )
+        Message.objects.filter(pk=ticket.message.pk).update(
+            status=Message.Status.COMPLETED
+        )  # the next is admitted
+    chain = [query for query in conversions if query.startswith(b"WITH ids AS MATERIALIZED")]
+    assert chain and chain[0].count(b"%s") > psycopg._queries.MAX_CACHED_STATEMENT_PARAMS
+    assert len(chain) == 1  # converted at its first run, not at each of the three
+    assert Message.objects.filter(conversation__owner=alice, role=Message.Role.ASSISTANT).count() == 3
 
 
 def generic_plan(fragment: str, *params) -> str:
