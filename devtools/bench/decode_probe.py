@@ -1,20 +1,58 @@
-"""``python -m devtools.bench.decode_probe N THREADS [STEPS] [--neighbour]``: decode speed of N running requests.
+"""``python -m devtools.bench.decode_probe N THREADS [STEPS] [--neighbour | --duty D --duty-in thread|process]``:
+decode speed of N running requests.
 
 A small probe of the CPU-contention behaviour: it prefills N 128-token prompts, then times ``STEPS`` decode steps
 of our engine driven from this thread with a fixed ``THREADS`` intra-op threads (no adaptation), and prints one
 JSON line: step time (ms), decode tok/s and the CPU time this process got per wall second. Run it with
 ``OMP_WAIT_POLICY=PASSIVE`` or ``GOMP_SPINCOUNT=...`` in the environment to compare libgomp's waiting modes, and
 with ``--neighbour`` to add a CPU-bound process (``python -c 'while True: pass'``) for the timed steps.
+
+``--duty D --duty-in thread|process`` adds instead a neighbour that runs pure-Python bursts of ``--burst-ms`` (0.5)
+for a share ``D`` of the wall time and sleeps in between: in a thread of this process it holds the GIL through each
+burst, as the GPU worker's Celery consumer and reply threads do beside its engine loop; in a process of its own it
+takes the same CPU without touching the GIL. The two, side by side, tell how much of a neighbour's cost is the shared
+GIL and how much the shared CPU (docs/overhead-levers.md, round 39).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
+
+
+def _duty_loop(duty: float, burst_s: float, stop=None) -> None:
+    """Pure-Python busy bursts of ``burst_s`` seconds for a share ``duty`` of the wall time, sleeping in between,
+    until ``stop()`` is true (never, when None: a spawned process is terminated)."""
+    period = burst_s / duty
+    while stop is None or not stop():
+        end = time.perf_counter() + burst_s
+        while time.perf_counter() < end:
+            pass
+        time.sleep(max(0.0, period - burst_s))
+
+
+def _start_neighbour(args):
+    """The neighbour for the timed steps: ``(stop, kind)``; ``stop()`` ends it. ``kind`` names it in the output."""
+    if args.neighbour:
+        proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return (lambda: (proc.kill(), proc.wait())), "busy process"
+    if args.duty:
+        burst_s = args.burst_ms / 1000
+        if args.duty_in == "process":
+            proc = multiprocessing.get_context("spawn").Process(target=_duty_loop, args=(args.duty, burst_s))
+            proc.start()
+            return (lambda: (proc.terminate(), proc.join())), f"process at duty {args.duty}"
+        done = threading.Event()
+        thread = threading.Thread(target=_duty_loop, args=(args.duty, burst_s, done.is_set), daemon=True)
+        thread.start()
+        return (lambda: (done.set(), thread.join())), f"thread at duty {args.duty}"
+    return (lambda: None), ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("threads", type=int)
     p.add_argument("steps", type=int, nargs="?", default=32)
     p.add_argument("--neighbour", action="store_true")
+    p.add_argument(
+        "--duty", type=float, default=0.0, help="share of wall time the duty neighbour is busy (0-1)"
+    )
+    p.add_argument("--duty-in", choices=["thread", "process"], default="thread")
+    p.add_argument(
+        "--burst-ms", type=float, default=0.5, help="length of each of the duty neighbour's bursts"
+    )
     p.add_argument("--torch", action="store_true", help="torch's SDPA and oneDNN only (no native kernels)")
     p.add_argument("--cache-dir", default="var/models")
     args = p.parse_args(argv)
+    if not 0 <= args.duty < 1 or args.burst_ms <= 0:
+        p.error("--duty must be in [0, 1) and --burst-ms above 0")
 
     from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
     from inference.engine.config import DEFAULT_MODEL_SPEC
@@ -47,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.submit(prompt, params)
     while engine.load().pending_prefill_tokens:
         engine.step()
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.neighbour else None
+    stop, neighbour = _start_neighbour(args)
     try:
         for _ in range(2):
             engine.step()
@@ -56,14 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             engine.step()
         wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     finally:
-        if neighbour is not None:
-            neighbour.kill()
-            neighbour.wait()
+        stop()
     result = {
         "n": args.n,
         "threads": args.threads,
         "kernels": "torch" if args.torch else "native",
-        "neighbour": args.neighbour,
+        "neighbour": neighbour,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", ""),
         "step_ms": round(wall / args.steps * 1e3, 1),
