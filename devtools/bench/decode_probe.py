@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 <= args.duty < 1 or args.burst_ms <= 0:
         p.error("--duty must be in [0, 1) and --burst-ms above 0")
+    if args.neighbour and args.duty:
+        p.error("one neighbour at a time: --neighbour or --duty, not both")
 
     from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
     from inference.engine.config import DEFAULT_MODEL_SPEC

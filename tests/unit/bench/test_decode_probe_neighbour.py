@@ -3,13 +3,14 @@ process of its own, busy about its share of the time, and ends when the probe st
 
 import argparse
 import multiprocessing
-import os
 import threading
 import time
 
+import psutil
 import pytest
 
 from devtools.bench import decode_probe
+from devtools.management.commands.bench_burst import cpu_s
 
 
 def _args(**kw):
@@ -21,12 +22,6 @@ def test_no_neighbour_by_default():
     stop, kind = decode_probe._start_neighbour(_args())
     assert kind == ""
     stop()
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat``)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_thread_neighbour_is_busy_about_its_share_and_stops():
@@ -49,9 +44,10 @@ def test_a_process_neighbour_runs_apart_and_is_terminated():
     assert kind == "process at duty 0.5"
     (child,) = multiprocessing.active_children()
     time.sleep(0.5)  # past the spawned interpreter's start
-    start, own = _cpu_s(child.pid), time.process_time()
+    neighbour = [psutil.Process(child.pid)]
+    start, own = cpu_s(neighbour), time.process_time()
     time.sleep(0.4)
-    assert _cpu_s(child.pid) - start > 0.05  # about 0.2 s, in the child
+    assert cpu_s(neighbour) - start > 0.05  # about 0.2 s, in the child
     assert time.process_time() - own < 0.05  # none of it in this process
     stop()
     assert not child.is_alive()
@@ -59,10 +55,15 @@ def test_a_process_neighbour_runs_apart_and_is_terminated():
 
 
 @pytest.mark.parametrize(
-    "argv", [["2", "1", "--duty", "1.0"], ["2", "1", "--duty", "0.2", "--burst-ms", "0"]]
+    ("argv", "message"),
+    [
+        (["2", "1", "--duty", "1.0"], "--duty must be in [0, 1)"),
+        (["2", "1", "--duty", "0.2", "--burst-ms", "0"], "--duty must be in [0, 1)"),
+        (["2", "1", "--duty", "0.2", "--neighbour"], "--neighbour or --duty, not both"),
+    ],
 )
-def test_bad_duty_options_are_refused_before_the_model_loads(argv, capsys):
+def test_bad_duty_options_are_refused_before_the_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         decode_probe.main(argv)
     assert exc.value.code == 2
-    assert "--duty must be in [0, 1)" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
