@@ -63,6 +63,7 @@ class WorkerHost:
         self.started_at = time.time()
         self.draining = False
         self.metrics_port = 0  # set by inference.workerops when the metrics endpoint is up
+        self.step_log = None  # set by inference.workerops when ENGINE_STEP_LOG names a file
         self.node = ""  # Celery node name
         self._decode_rate = fleet.DecodeRate()
         # Tokens streamed by this process's replies: the decode rate's source until the engine counts them.

@@ -24,14 +24,15 @@ from django.conf import settings
 
 from inference import fleet
 from inference.registry import queue_for, queue_options
-from observability import metrics
+from observability import metrics, step_log
 
 logger = logging.getLogger(__name__)
 
 
 def on_worker_ready(consumer, host) -> None:
     """After the engine is loaded: consume this version's queue (when versioned), export the engine's
-    gauges and serve this process's metrics on ``METRICS_WORKER_PORT``."""
+    gauges, write its step log when ``ENGINE_STEP_LOG`` names a file (one it cannot open is logged as an
+    error and the worker serves without it) and serve this process's metrics on ``METRICS_WORKER_PORT``."""
     host.node = getattr(consumer, "hostname", "") or ""
     if host.model_version:
         queue = queue_for(host.model_name, host.model_version)
@@ -47,11 +48,27 @@ def on_worker_ready(consumer, host) -> None:
             host.queues.append(queue)
             logger.info("consuming version queue %s", queue)
     metrics.register_engine(host)
+    start_step_log(host)
     if settings.METRICS_WORKER_PORT is not None and not host.metrics_port:
         host.metrics_port = metrics.start_worker_endpoint(
             settings.METRICS_WORKER_PORT, settings.METRICS_WORKER_ADDR
         )
     _publish_now(host)
+
+
+def start_step_log(host) -> None:
+    """Add an :class:`observability.step_log.StepLog` of ``ENGINE_STEP_LOG`` to ``host``'s engine, once (a
+    no-op when the setting is empty or the host has one). A file that cannot be opened is logged as an error
+    and the worker serves without a step log."""
+    if not settings.ENGINE_STEP_LOG or host.step_log is not None:
+        return
+    try:
+        host.step_log = step_log.StepLog(settings.ENGINE_STEP_LOG)
+    except OSError:
+        logger.error("cannot open ENGINE_STEP_LOG %s; no step log", settings.ENGINE_STEP_LOG, exc_info=True)
+        return
+    host.engine.add_step_listener(host.step_log)
+    logger.info("engine step log: %s", settings.ENGINE_STEP_LOG)
 
 
 def mark_draining(host) -> int:

@@ -267,21 +267,7 @@ LOGGING = logging_config(log_format=LOG_FORMAT, level=env("LOG_LEVEL", default="
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Version of the default model this process serves (overrides INFERENCE_MODELS[...]["version"]).
 INFERENCE_MODEL_VERSION = env("INFERENCE_MODEL_VERSION", default="")
-# Each worker process serves Prometheus metrics on this port ("" disables, 0 picks a free port).
-_metrics_port = env("METRICS_WORKER_PORT", default="9101")
-METRICS_WORKER_PORT = int(_metrics_port) if _metrics_port else None
-# Loopback unless configured: the endpoint has no authentication (0.0.0.0 for a Prometheus elsewhere).
-METRICS_WORKER_ADDR = env("METRICS_WORKER_ADDR", default="127.0.0.1")
-# Web /metrics: allowed with this bearer token, or from these networks (CIDR).
-METRICS_BEARER_TOKEN = env("METRICS_BEARER_TOKEN", default="")
-METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.1/32", "::1/128"])
-# OpenTelemetry: exporter none | console | otlp | jsonfile (OTEL_TRACES_FILE); OTLP reads OTEL_EXPORTER_OTLP_*.
-OTEL_TRACES_EXPORTER = env("OTEL_TRACES_EXPORTER", default="none")
-if OTEL_TRACES_EXPORTER not in ("none", "console", "otlp", "jsonfile"):
-    raise environ.ImproperlyConfigured("OTEL_TRACES_EXPORTER must be none, console, otlp or jsonfile")
-OTEL_TRACES_FILE = env("OTEL_TRACES_FILE", default="traces.jsonl")
-OTEL_SERVICE_NAME = env("OTEL_SERVICE_NAME", default="chatsite")
-OTEL_INSTRUMENT = env.list("OTEL_INSTRUMENT", default=["django", "celery", "psycopg", "redis"])
+from .observability import *  # noqa: E402,F401,F403  Worker metrics endpoint, /metrics, step log, traces
 
 # Chat sampling defaults for the browser (the API may override per request).
 INFERENCE_TEMPERATURE = env.float("INFERENCE_TEMPERATURE", default=0.7)

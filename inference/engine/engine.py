@@ -46,7 +46,7 @@ from .request import (
 )
 from .runner import ModelRunner
 from .sampling import sample_next_tokens
-from .scheduler import ScheduledStep, Scheduler
+from .scheduler import Scheduler
 from .step_stats import StepStats
 from .threads import AdaptiveThreads, default_num_threads, release_calling_thread_openmp_pool
 
@@ -181,6 +181,8 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
         self._step_listeners: list[Callable[[StepStats], None]] = []
         self._decode_tokens_total = 0
         self._step_finished = 0
+        # This step's finished requests' K/V work, seconds: wall, the loop thread's CPU (StepStats.finish_kv_s).
+        self._step_finish_kv = [0.0, 0.0]
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -234,6 +236,7 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                 return 0
             started = time.perf_counter()
             self._step_finished = 0
+            self._step_finish_kv = [0.0, 0.0]
             with self._cond:
                 self._apply_cancellations()
                 try:
@@ -244,6 +247,7 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                     return 0
             if step is None:
                 return 0
+            forward_at = time.perf_counter()
             try:
                 logits = self._runner.forward(step.batch)
                 tokens = sample_next_tokens(
@@ -258,38 +262,16 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                 with self._cond:
                     self._fail_requests(step.requests, exc, clear_kv=True)
                 tokens = None
+            apply_at, apply_cpu = time.perf_counter(), time.thread_time()
             if tokens is not None:
                 self._apply_results(step, tokens)
             with self._cond:
                 self._fit_kv_memory()
             if self._step_listeners:
-                self._notify_step(step, started, 0 if tokens is None else len(tokens))
+                applied = time.perf_counter() - apply_at, time.thread_time() - apply_cpu
+                phases = (apply_at - forward_at, *applied)
+                self._notify_step(step, started, 0 if tokens is None else len(tokens), phases)
             return step.batch.num_tokens
-
-    def _notify_step(self, step: ScheduledStep, started: float, sampled: int) -> None:
-        b = step.batch
-        with self._cond:
-            stats = StepStats(
-                started_at=started,
-                duration_s=time.perf_counter() - started,
-                num_running=len(self._scheduler.running),
-                num_waiting=self._scheduler.num_waiting,
-                batch_size=len(step.advances),
-                num_prefill_tokens=b.num_tokens - b.num_decode,
-                num_decode_tokens=b.num_decode,
-                num_sampled_tokens=sampled,
-                num_finished=self._step_finished,
-                num_prefix_cache_hit_tokens=step.prefix_hit_tokens,
-                kv_used_tokens=self.kv.used_tokens,
-                kv_total_tokens=self.kv.budget_tokens,
-                num_threads=self.num_threads,
-            )
-            listeners = self._step_listeners
-        for fn in listeners:
-            try:
-                fn(stats)
-            except Exception:
-                logger.exception("step listener %r failed", fn)
 
     def run_until_idle(self) -> None:
         """Call :meth:`step` until no request is waiting or running."""

@@ -4,6 +4,8 @@ requests and reading the engine's occupancy (:class:`EngineLoad`), from any thre
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +14,10 @@ from .detokenizer import OutputProcessor
 from .errors import EngineStopped, InvalidRequest, QueueFull
 from .request import Request, RequestHandle, RequestStatus
 from .sampling import SamplerState, SamplingParams
+from .scheduler import ScheduledStep
 from .step_stats import StepStats
+
+logger = logging.getLogger("inference.engine.engine")  # the engine's own logger: one name in the logs
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,40 @@ class ClientApiMixin:
         """Undo :meth:`add_step_listener` (no error if ``fn`` was not added)."""
         with self._cond:
             self._step_listeners = [f for f in self._step_listeners if f != fn]
+
+    def _notify_step(
+        self, step: ScheduledStep, started: float, sampled: int, phases: tuple[float, float, float]
+    ) -> None:
+        # On the loop thread after a step that ran a batch; ``phases``: forward_s, apply_s and
+        # apply_cpu_s of StepStats.
+        b = step.batch
+        with self._cond:
+            stats = StepStats(
+                started_at=started,
+                duration_s=time.perf_counter() - started,
+                num_running=len(self._scheduler.running),
+                num_waiting=self._scheduler.num_waiting,
+                batch_size=len(step.advances),
+                num_prefill_tokens=b.num_tokens - b.num_decode,
+                num_decode_tokens=b.num_decode,
+                num_sampled_tokens=sampled,
+                num_finished=self._step_finished,
+                num_prefix_cache_hit_tokens=step.prefix_hit_tokens,
+                kv_used_tokens=self.kv.used_tokens,
+                kv_total_tokens=self.kv.budget_tokens,
+                num_threads=self.num_threads,
+                forward_s=phases[0],
+                apply_s=phases[1],
+                apply_cpu_s=phases[2],
+                finish_kv_s=self._step_finish_kv[0],
+                finish_kv_cpu_s=self._step_finish_kv[1],
+            )
+            listeners = self._step_listeners
+        for fn in listeners:
+            try:
+                fn(stats)
+            except Exception:
+                logger.exception("step listener %r failed", fn)
 
     def queue_position(self, request_id: str) -> int | None:
         """0-based position among waiting requests in admission order; ``None`` if not waiting."""

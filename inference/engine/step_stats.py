@@ -31,6 +31,15 @@ class StepStats:
             request's whole KV at admission and never preempts).
         num_threads: Intra-op CPU threads the engine used (adapts to contention, see
             :class:`~inference.engine.threads.AdaptiveThreads`).
+        forward_s: Wall seconds of the forward pass and sampling.
+        apply_s: Wall seconds of applying the sampled tokens: streaming them, detokenizing, finishing requests.
+        apply_cpu_s: CPU seconds the loop thread used for that (``time.thread_time``; the intra-op threads'
+            are not counted). ``apply_s`` well above it means the thread waited: for the GIL, or for a core.
+        finish_kv_s: Wall seconds, within ``apply_s``, of the finished requests' K/V work (keeping their blocks
+            in the prefix cache, freeing their slots).
+        finish_kv_cpu_s: The loop thread's CPU seconds for that K/V work.
+
+    The five phase figures are 0.0 from backends that do not measure them (vLLM).
     """
 
     started_at: float
@@ -47,3 +56,8 @@ class StepStats:
     kv_total_tokens: int
     num_preemptions: int = 0
     num_threads: int = 0
+    forward_s: float = 0.0
+    apply_s: float = 0.0
+    apply_cpu_s: float = 0.0
+    finish_kv_s: float = 0.0
+    finish_kv_cpu_s: float = 0.0

@@ -112,6 +112,12 @@ def test_step_listener_gets_stats_and_its_errors_are_swallowed(make_engine, toke
     assert all(s.duration_s > 0 and s.kv_total_tokens == engine.kv.budget_tokens for s in stats)
     assert stats[-1].num_running == 0 and stats[-1].kv_used_tokens == 0
     assert all(s.num_preemptions == 0 for s in stats)
+    # The phases: forward pass and applying its results inside the step; the finished requests' K/V work
+    # inside applying, and only in the steps that finished a request.
+    for s in stats:
+        assert 0 < s.forward_s and 0 < s.apply_s and s.forward_s + s.apply_s <= s.duration_s
+        assert 0 <= s.apply_cpu_s and 0 <= s.finish_kv_cpu_s
+        assert (s.finish_kv_s > 0) == (s.num_finished > 0) and s.finish_kv_s <= s.apply_s
     engine.remove_step_listener(stats.append)
     n = len(stats)
     engine.submit(prompt, SamplingParams(max_new_tokens=2))

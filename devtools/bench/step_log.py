@@ -1,0 +1,114 @@
+"""``python -m devtools.bench.step_log FILE [--min-finishes 10] [--min-batch 28] [--steps]``: where a GPU worker's
+engine steps spent their time, from the JSON lines ``ENGINE_STEP_LOG`` made it write (observability/step_log.py).
+
+Compares the steady decode's steps (a batch of at least ``--min-batch`` requests, no prompt tokens, no request
+finished) with the steps in which at least ``--min-finishes`` requests finished at once (the end of a wave of
+replies): each one's wall time split into the forward pass, applying its results, and within that the finished
+requests' K/V work (prefix-cache insert and slot release), with the engine loop thread's CPU beside each wall
+time. Wall well above CPU means the loop thread waited, for the GIL or for a core. Prints milliseconds, median
+[min-max]; ``--steps`` lists every such finishing step. The figures depend on the CPU; say which one gave them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def load(path: str) -> list[dict]:
+    """The step log's lines as dicts; a line that is not JSON (a worker killed mid-write) is skipped."""
+    steps = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                steps.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return steps
+
+
+def spread(values: list[float]) -> str:
+    """``median [min-max]`` of ``values`` (ms) with one decimal; ``-`` when empty."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
+def summarise(steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28) -> dict:
+    """``{"decode": [...], "finishing": [...]}``: the steady decode's steps and the finishing steps (dicts of
+    the log's fields, seconds), as the module docstring defines them."""
+    decode = [
+        s
+        for s in steps
+        if s["num_prefill_tokens"] == 0 and s["num_finished"] == 0 and s["batch_size"] >= min_batch
+    ]
+    finishing = [s for s in steps if s["num_finished"] >= min_finishes]
+    return {"decode": decode, "finishing": finishing}
+
+
+def report(steps: list[dict], *, min_finishes: int, min_batch: int, every: bool) -> str:
+    """The printed summary (markdown tables) of ``steps``."""
+    parts = summarise(steps, min_finishes=min_finishes, min_batch=min_batch)
+    ms = 1e3
+    out = [
+        f"step_log: {len(steps)} steps; {len(parts['decode'])} decode steps of >= {min_batch} requests, "
+        f"{len(parts['finishing'])} steps finishing >= {min_finishes} requests",
+        "",
+        "| steps | step ms | forward ms | apply ms (wall) | apply ms (loop thread CPU) | finishes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, rows in (("steady decode", parts["decode"]), ("finishing", parts["finishing"])):
+        out.append(
+            f"| {name} | {spread([s['duration_s'] * ms for s in rows])} | "
+            f"{spread([s['forward_s'] * ms for s in rows])} | {spread([s['apply_s'] * ms for s in rows])} | "
+            f"{spread([s['apply_cpu_s'] * ms for s in rows])} | {spread([float(s['num_finished']) for s in rows])} |"
+        )
+    fin = [s for s in parts["finishing"] if s["num_finished"]]
+    out += [
+        "",
+        "finished requests' K/V work per finish, in the finishing steps: "
+        f"wall {spread([s['finish_kv_s'] * ms / s['num_finished'] for s in fin])} ms, "
+        f"loop thread CPU {spread([s['finish_kv_cpu_s'] * ms / s['num_finished'] for s in fin])} ms",
+    ]
+    if every:
+        out += [
+            "",
+            "| step ms | finishes | forward ms | apply ms wall / CPU | K/V work ms wall / CPU |",
+            "|---|---|---|---|---|",
+        ]
+        for s in parts["finishing"]:
+            out.append(
+                f"| {s['duration_s'] * ms:.1f} | {s['num_finished']} | {s['forward_s'] * ms:.1f} | "
+                f"{s['apply_s'] * ms:.1f} / {s['apply_cpu_s'] * ms:.1f} | "
+                f"{s['finish_kv_s'] * ms:.1f} / {s['finish_kv_cpu_s'] * ms:.1f} |"
+            )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.bench.step_log", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("file", help="an ENGINE_STEP_LOG file")
+    parser.add_argument(
+        "--min-finishes", type=int, default=10, help="a finishing step ends at least this many"
+    )
+    parser.add_argument(
+        "--min-batch", type=int, default=28, help="a steady decode step holds at least this many"
+    )
+    parser.add_argument("--steps", action="store_true", help="list every finishing step")
+    args = parser.parse_args(argv)
+    if args.min_finishes < 1 or args.min_batch < 1:
+        parser.error("--min-finishes and --min-batch must be at least 1")
+    try:
+        steps = load(args.file)
+    except OSError as exc:
+        parser.error(f"cannot read {args.file}: {exc.strerror}")
+    print(report(steps, min_finishes=args.min_finishes, min_batch=args.min_batch, every=args.steps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
