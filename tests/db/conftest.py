@@ -9,10 +9,32 @@ path (a long TTL instead of the 1 s refresh). Tests of the fleet or of admission
 
 import json
 import logging
+import threading
 from dataclasses import asdict
 
 import pytest
 import redis
+
+
+def wait_idle(engine) -> None:
+    """Wait until ``engine`` (the module's ``engine`` fixture) has no request waiting or running, then for its
+    last step's events and step listeners, which run after the counts drop."""
+    while engine.load().running or engine.load().waiting:
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.05)
+
+
+def finished_streams(engine, count: int, tokens: int):
+    """``count`` requests of ``tokens`` tokens each on ``engine``, generated to the end (:func:`wait_idle`): every
+    event waits in its handle. Returns the handles."""
+    from inference.engine import SamplingParams
+
+    handles = [
+        engine.submit([1, 2, 3, 4 + i], SamplingParams(temperature=0, max_new_tokens=tokens))
+        for i in range(count)
+    ]
+    wait_idle(engine)
+    return handles
 
 
 def fake_worker(model: str, *, index: int = 0, **load):

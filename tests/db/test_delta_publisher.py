@@ -19,6 +19,7 @@ from inference.engine import SamplingParams, TokenEvent
 from inference.worker import WorkerHost
 from observability.metrics import ReplyTimer
 from safety.streaming import OutputMonitor
+from tests.db.conftest import finished_streams, wait_idle
 
 pytestmark = pytest.mark.django_db
 
@@ -26,18 +27,6 @@ pytestmark = pytest.mark.django_db
 def _replay(message_id: int) -> list[tuple[int, str]]:
     entries = broadcast.redis_client().xrange(broadcast.stream_key(message_id))
     return [(int(fields[b"seq"]), fields[b"text"].decode()) for _id, fields in entries]
-
-
-def _finished_streams(engine, count: int, tokens: int):
-    """``count`` requests of ``tokens`` tokens each, generated to the end: every event waits in its handle."""
-    handles = [
-        engine.submit([1, 2, 3, 4 + i], SamplingParams(temperature=0, max_new_tokens=tokens))
-        for i in range(count)
-    ]
-    while engine.load().running or engine.load().waiting:
-        threading.Event().wait(0.01)
-    threading.Event().wait(0.05)  # the last step's events are put after the counts drop
-    return handles
 
 
 def _feed(handle, message_id, tier, every_tokens):
@@ -50,7 +39,7 @@ def test_the_deltas_of_several_replies_leave_in_one_round_trip(
     alice, redis_clean, engine, redis_log, settings
 ):
     settings.SAFETY_GUARDS = ["tests.safety_guards.PhraseGuard"]
-    handles = _finished_streams(engine, 3, tokens=6)
+    handles = finished_streams(engine, 3, tokens=6)
     feeds = [_feed(h, 9001 + i, alice.tier, every_tokens=1000) for i, h in enumerate(handles)]
     del redis_log[:]
 
@@ -77,7 +66,7 @@ def test_a_delta_due_for_a_check_and_every_later_one_go_through_the_reply_thread
     settings,
 ):
     settings.SAFETY_GUARDS = ["tests.safety_guards.PhraseGuard"]
-    (handle,) = _finished_streams(engine, 1, tokens=8)
+    (handle,) = finished_streams(engine, 1, tokens=8)
     feed = _feed(handle, 9100, alice.tier, every_tokens=3)
     del redis_log[:]
 
@@ -103,7 +92,7 @@ def test_a_check_that_blocks_cuts_the_reply_and_publishes_nothing_after_it(
     alice, redis_clean, engine, settings
 ):
     settings.SAFETY_GUARDS = ["tests.safety_guards.OutputAlwaysGuard"]
-    (handle,) = _finished_streams(engine, 1, tokens=8)
+    (handle,) = finished_streams(engine, 1, tokens=8)
     feed = _feed(handle, 9200, alice.tier, every_tokens=3)
 
     DeltaPublisher().publish_round([feed])
@@ -116,7 +105,7 @@ def test_a_check_that_blocks_cuts_the_reply_and_publishes_nothing_after_it(
 
 
 def test_the_engine_wakes_the_publisher_and_it_drains_what_came_before_the_follow(alice, redis_clean, engine):
-    (handle,) = _finished_streams(engine, 1, tokens=5)  # all delivered before the publisher follows it
+    (handle,) = finished_streams(engine, 1, tokens=5)  # all delivered before the publisher follows it
     monitor = OutputMonitor(tier=alice.tier, every_tokens=1000)
     feed = delta_publisher.follow(
         handle, message_id=9300, monitor=monitor, timer=ReplyTimer(model="t", tier="free")
@@ -167,9 +156,7 @@ def test_the_engine_handle_drains_without_blocking_and_wakes_its_follower(engine
     woken = []
     handle = engine.submit([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=4))
     handle.set_waker(lambda: woken.append(1))
-    while engine.load().running or engine.load().waiting:
-        threading.Event().wait(0.01)
-    threading.Event().wait(0.05)
+    wait_idle(engine)
     events = handle.drain()
     assert events and isinstance(events[0], TokenEvent) and events[-1].finish_reason == "length"
     assert woken  # the engine's thread called it

@@ -4,19 +4,10 @@ finished requests; a file the worker cannot open leaves it serving without one."
 
 import json
 import logging
-import threading
 
 from inference import workerops
-from inference.engine import SamplingParams
 from inference.worker import WorkerHost
-
-
-def _generate(engine, count: int, tokens: int) -> None:
-    for i in range(count):
-        engine.submit([1, 2, 3, 4 + i], SamplingParams(temperature=0, max_new_tokens=tokens))
-    while engine.load().running or engine.load().waiting:
-        threading.Event().wait(0.01)
-    threading.Event().wait(0.05)  # the last step's listeners run after the counts drop
+from tests.db.conftest import finished_streams
 
 
 def test_a_worker_with_a_step_log_writes_every_step_of_its_engine(engine, settings, tmp_path):
@@ -28,15 +19,14 @@ def test_a_worker_with_a_step_log_writes_every_step_of_its_engine(engine, settin
     try:
         workerops.start_step_log(host)  # once per host
         assert host.step_log is log
-        _generate(engine, count=3, tokens=5)
+        finished_streams(engine, count=3, tokens=5)
     finally:
         engine.remove_step_listener(log)
         log.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert sum(line["num_finished"] for line in lines) == 3
-    assert (
-        sum(line["num_decode_tokens"] for line in lines) == 3 * 4
-    )  # each first token comes from its prefill
+    decoded = sum(line["num_decode_tokens"] for line in lines)
+    assert decoded == 3 * 4  # each request's first token comes from its prefill
     for line in lines:
         assert line["forward_s"] > 0 and line["forward_s"] + line["apply_s"] <= line["duration_s"]
         assert (line["finish_kv_s"] > 0) == (line["num_finished"] > 0)
@@ -51,7 +41,7 @@ def test_a_step_log_the_worker_cannot_open_is_an_error_in_its_log_and_nothing_mo
         workerops.start_step_log(host)
     assert host.step_log is None
     assert "cannot open ENGINE_STEP_LOG" in caplog.text
-    _generate(engine, count=1, tokens=2)  # the engine still serves
+    finished_streams(engine, count=1, tokens=2)  # the engine still serves
 
 
 def test_no_step_log_by_default(engine, settings):
