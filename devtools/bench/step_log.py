@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
+
+from devtools.bench_figures import median_range
 
 
 def load(path: str) -> list[dict]:
@@ -31,9 +32,7 @@ def load(path: str) -> list[dict]:
 
 def spread(values: list[float]) -> str:
     """``median [min-max]`` of ``values`` (ms) with one decimal; ``-`` when empty."""
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+    return median_range(values, "{:.1f}")
 
 
 def summarise(steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28) -> dict:
