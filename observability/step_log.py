@@ -1,7 +1,7 @@
 """A JSON line per engine step, for finding where a step's time goes (``ENGINE_STEP_LOG``, docs/overhead.md).
 
 The GPU worker adds :class:`StepLog` as a step listener when ``ENGINE_STEP_LOG`` names a file
-(``inference.workerops.on_worker_ready``); ``python -m devtools.bench.step_log FILE`` summarises what it wrote
+(``inference.workerops.start_step_log``); ``python -m devtools.bench.step_log FILE`` summarises what it wrote
 (the steady decode's step against the steps that finish many replies at once). Off by default: the Prometheus
 histograms (:class:`observability.metrics.StepMetrics`) are what a deployment watches.
 """
@@ -42,7 +42,7 @@ class StepLog:
         self.path = path
         self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the worker
         self._failed = False
-        self._lock = threading.Lock()  # a test's engine may step from more than one thread
+        self._lock = threading.Lock()  # close() may come from another thread than the engine loop's
 
     def __call__(self, stats) -> None:
         """Write one line for ``stats`` (a ``StepStats``)."""

@@ -181,8 +181,8 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
         self._step_listeners: list[Callable[[StepStats], None]] = []
         self._decode_tokens_total = 0
         self._step_finished = 0
-        # This step's finished requests' K/V work, seconds: wall, the loop thread's CPU (StepStats.finish_kv_s).
-        self._step_finish_kv = [0.0, 0.0]
+        # This step's finished requests' K/V work, seconds of wall and of the loop thread's CPU (StepStats).
+        self._step_finish_kv_s = self._step_finish_kv_cpu_s = 0.0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -236,7 +236,7 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                 return 0
             started = time.perf_counter()
             self._step_finished = 0
-            self._step_finish_kv = [0.0, 0.0]
+            self._step_finish_kv_s = self._step_finish_kv_cpu_s = 0.0
             with self._cond:
                 self._apply_cancellations()
                 try:

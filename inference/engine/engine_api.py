@@ -235,8 +235,8 @@ class ClientApiMixin:
                 forward_s=phases[0],
                 apply_s=phases[1],
                 apply_cpu_s=phases[2],
-                finish_kv_s=self._step_finish_kv[0],
-                finish_kv_cpu_s=self._step_finish_kv[1],
+                finish_kv_s=self._step_finish_kv_s,
+                finish_kv_cpu_s=self._step_finish_kv_cpu_s,
             )
             listeners = self._step_listeners
         for fn in listeners:

@@ -85,8 +85,8 @@ class RequestLifecycleMixin:
             if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
                 self._keep_prefix(req)
             self._scheduler.release(req)
-            self._step_finish_kv[0] += time.perf_counter() - kv_at  # StepStats.finish_kv_s
-            self._step_finish_kv[1] += time.thread_time() - kv_cpu
+            self._step_finish_kv_s += time.perf_counter() - kv_at
+            self._step_finish_kv_cpu_s += time.thread_time() - kv_cpu
             self._step_finished += 1
             self._fit_kv_memory()
         elif req.status is RequestStatus.WAITING:
