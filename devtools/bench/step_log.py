@@ -47,6 +47,28 @@ def summarise(steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28)
     return {"decode": decode, "finishing": finishing}
 
 
+def time_by_kind(
+    steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28
+) -> list[tuple[str, int, float]]:
+    """``[(kind, steps, seconds), ...]``: the sum of ``duration_s`` over each kind of step, every step counted
+    once, in this order of precedence: "finishing" (at least ``min_finishes`` requests finished, prompt tokens
+    or not), "prefill" (any prompt tokens), "steady decode" (as :func:`summarise` defines it), "other" (smaller
+    decode batches, steps finishing fewer requests)."""
+    kinds = {"finishing": [0, 0.0], "prefill": [0, 0.0], "steady decode": [0, 0.0], "other": [0, 0.0]}
+    for s in steps:
+        if s["num_finished"] >= min_finishes:
+            kind = "finishing"
+        elif s["num_prefill_tokens"] > 0:
+            kind = "prefill"
+        elif s["num_finished"] == 0 and s["batch_size"] >= min_batch:
+            kind = "steady decode"
+        else:
+            kind = "other"
+        kinds[kind][0] += 1
+        kinds[kind][1] += s["duration_s"]
+    return [(kind, count, seconds) for kind, (count, seconds) in kinds.items()]
+
+
 def report(steps: list[dict], *, min_finishes: int, min_batch: int, every: bool) -> str:
     """The printed summary (markdown tables) of ``steps``."""
     parts = summarise(steps, min_finishes=min_finishes, min_batch=min_batch)
@@ -71,6 +93,12 @@ def report(steps: list[dict], *, min_finishes: int, min_batch: int, every: bool)
         f"wall {spread([s['finish_kv_s'] * ms / s['num_finished'] for s in fin])} ms, "
         f"loop thread CPU {spread([s['finish_kv_cpu_s'] * ms / s['num_finished'] for s in fin])} ms",
     ]
+    by_kind = time_by_kind(steps, min_finishes=min_finishes, min_batch=min_batch)
+    total = sum(seconds for _, _, seconds in by_kind)
+    out += ["", "| kind of step | steps | ms | share of the steps' time |", "|---|---|---|---|"]
+    for kind, count, seconds in by_kind:
+        share = f"{seconds / total:.0%}" if total else "-"
+        out.append(f"| {kind} | {count} | {seconds * ms:.0f} | {share} |")
     if every:
         out += [
             "",

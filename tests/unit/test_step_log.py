@@ -81,6 +81,15 @@ def test_summary_splits_steady_decode_from_finishing_steps(tmp_path, capsys):
         "per finish, in the finishing steps: wall 5.0 [5.0-5.0] ms, loop thread CPU 1.7 [1.7-1.7] ms" in out
     )
     assert "| 200.0 | 20 | 30.0 | 150.0 / 75.0 | 100.0 / 33.3 |" in out
+    # The step time by kind: every step counted once; 200 + 300 + 5 x 40 + (20 + 60) = 780 ms.
+    assert summary.time_by_kind(steps) == [
+        ("finishing", 1, pytest.approx(0.200)),
+        ("prefill", 1, pytest.approx(0.300)),
+        ("steady decode", 5, pytest.approx(0.200)),
+        ("other", 2, pytest.approx(0.080)),
+    ]
+    assert "| finishing | 1 | 200 | 26% |" in out and "| prefill | 1 | 300 | 38% |" in out
+    assert "| steady decode | 5 | 200 | 26% |" in out and "| other | 2 | 80 | 10% |" in out
 
 
 def test_summary_errors_are_clear(tmp_path, capsys):
