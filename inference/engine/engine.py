@@ -183,6 +183,8 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
         self._step_finished = 0
         # This step's finished requests' K/V work, seconds of wall and of the loop thread's CPU (StepStats).
         self._step_finish_kv_s = self._step_finish_kv_cpu_s = 0.0
+        # While a step's results are applied: the requests it finished, freed together after its last token.
+        self._deferred_releases: list | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -30,15 +30,27 @@ class RequestLifecycleMixin:
         for req, n in step.advances:
             req.num_cached += n
         now = time.perf_counter()
-        for req, token in zip(step.sample_requests, tokens, strict=True):
-            if req.status is not RequestStatus.RUNNING:
-                continue
-            try:
-                self._append_token(req, token, now)
-            except Exception as exc:
-                logger.exception("post-processing failed for request %s", req.request_id)
-                with self._cond:
-                    self._fail_requests([req], exc)
+        # The requests this step finishes keep their slots until every token is applied, then free them in one
+        # compaction (Scheduler.release_many), which copies K/V only for requests that go on running.
+        self._deferred_releases = []
+        try:
+            for req, token in zip(step.sample_requests, tokens, strict=True):
+                if req.status is not RequestStatus.RUNNING:
+                    continue
+                try:
+                    self._append_token(req, token, now)
+                except Exception as exc:
+                    logger.exception("post-processing failed for request %s", req.request_id)
+                    with self._cond:
+                        self._fail_requests([req], exc)
+        finally:
+            with self._cond:
+                released, self._deferred_releases = self._deferred_releases, None
+                if released:
+                    kv_at, kv_cpu = time.perf_counter(), time.thread_time()
+                    self._scheduler.release_many(released)
+                    self._step_finish_kv_s += time.perf_counter() - kv_at
+                    self._step_finish_kv_cpu_s += time.thread_time() - kv_cpu
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
         req.output_token_ids.append(token)
@@ -84,11 +96,15 @@ class RequestLifecycleMixin:
             kv_at, kv_cpu = time.perf_counter(), time.thread_time()
             if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
                 self._keep_prefix(req)
-            self._scheduler.release(req)
+            if self._deferred_releases is not None:  # applying a step's results: freed after its last token
+                self._deferred_releases.append(req)
+            else:
+                self._scheduler.release(req)
             self._step_finish_kv_s += time.perf_counter() - kv_at
             self._step_finish_kv_cpu_s += time.thread_time() - kv_cpu
             self._step_finished += 1
-            self._fit_kv_memory()
+            if self._deferred_releases is None:
+                self._fit_kv_memory()
         elif req.status is RequestStatus.WAITING:
             self._scheduler.remove_waiting(req)
         req.status = RequestStatus.FINISHED

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import mmap
 import sys
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -173,28 +174,49 @@ class KVCache:
         copied (one strided copy for K and one for V, all layers at once). Pages the mover will never use (past its
         reservation, left over from the freed request) and the whole vacated last slot are
         returned to the OS, so resident KV memory stays within the reservations of running
-        requests.
+        requests. :meth:`release_many` of one owner.
         """
-        slot = owner.slot
-        if slot < 0 or slot >= self.num_active or self._owners[slot] is not owner:
+        self.release_many((owner,))
+
+    def release_many(self, owners: Iterable[SlotOwner]) -> None:
+        """Free several owners' slots and reservations at once (the requests one engine step finished), then compact:
+        each surviving request in a slot at or past the new ``num_active`` moves once into a freed slot below it.
+
+        :meth:`release`, one owner after another, moves the last active slot's request into each freed slot; in a
+        step that ends most of a batch (a wave of replies of one length) that request is often one finishing in the
+        same step, moved only to be freed or moved again: one K/V copy per finished request. Here the copies are at
+        most one per surviving request above the new end. Afterwards the state is :meth:`release`'s: slots ``0 ..
+        num_active - 1`` active, each mover's ``slot`` updated, each freed owner's ``slot`` -1. Owners not holding
+        an active slot are skipped.
+        """
+        freed = []
+        for owner in owners:
+            slot = owner.slot
+            if slot < 0 or slot >= self.num_active or self._owners[slot] is not owner:
+                continue
+            self.used_tokens -= self._reserved[slot]
+            self._owners[slot] = None
+            self._reserved[slot] = 0
+            owner.slot = -1
+            freed.append(slot)
+        if not freed:
             return
-        self.used_tokens -= self._reserved[slot]
-        last = self.num_active - 1
-        if slot != last:
+        active = self.num_active - len(freed)
+        holes = sorted(slot for slot in freed if slot < active)
+        movers = [slot for slot in range(active, self.num_active) if self._owners[slot] is not None]
+        for hole, last in zip(holes, movers, strict=True):
             mover = self._owners[last]
-            assert mover is not None
             n = mover.num_cached
             if n > 0:  # every layer's positions in one copy each for K and V
-                self.k_stack[:, slot, :, :n].copy_(self.k_stack[:, last, :, :n])
-                self.v_stack[:, slot, :, :n].copy_(self.v_stack[:, last, :, :n])
-            self._owners[slot] = mover
-            self._reserved[slot] = self._reserved[last]
-            mover.slot = slot
-            self._high_water[slot] = max(self._high_water[slot], self._reserved[slot])
-        self._owners[last] = None
-        self._reserved[last] = 0
-        self.num_active -= 1
-        owner.slot = -1
+                self.k_stack[:, hole, :, :n].copy_(self.k_stack[:, last, :, :n])
+                self.v_stack[:, hole, :, :n].copy_(self.v_stack[:, last, :, :n])
+            self._owners[hole] = mover
+            self._reserved[hole] = self._reserved[last]
+            mover.slot = hole
+            self._high_water[hole] = max(self._high_water[hole], self._reserved[hole])
+            self._owners[last] = None
+            self._reserved[last] = 0
+        self.num_active = active
         if self.stale_tokens > self.retain_tokens:
             self.discard_stale()
 

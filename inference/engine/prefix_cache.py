@@ -163,17 +163,10 @@ class PrefixCache:
         B = self.block_size
         new = keys[first_new:]
         for group in range(first_new, len(keys), self.LOAD_GROUP):
-            # [n, L, 2, H, B, D] for up to n = LOAD_GROUP new blocks (K and V of every layer in one copy each), then
-            # one indexed copy into the pool: the temporary copy stays one group's size however long the request was.
+            # Up to LOAD_GROUP new blocks at a time, K and V of every layer each copied once, straight from the slot
+            # into the group's pool rows.
             group_keys = keys[group : group + self.LOAD_GROUP]
             start, end = group * B, (group + len(group_keys)) * B
-            n = len(group_keys)
-            L, H, D = self.kv.num_layers, self._pool.shape[3], self._pool.shape[5]
-            span = self._pool.new_empty((n, L, 2, H, B, D))  # block-major, as the pool's rows
-            for kv_index, stack in enumerate((self.kv.k_stack, self.kv.v_stack)):  # every layer at once
-                span[:, :, kv_index].copy_(
-                    stack[:, slot, :, start:end].view(L, H, n, B, D).permute(2, 0, 1, 3, 4)
-                )
             indices = []
             for key in group_keys:
                 if key in self._blocks:  # a later block of a chain whose earlier block was evicted
@@ -184,12 +177,31 @@ class PrefixCache:
                     _, index = self._blocks.popitem(last=False)
                 self._blocks[key] = index
                 indices.append(index)
-            # The group's blocks into their pool rows in one copy.
-            self._pool.index_copy_(0, torch.tensor(indices, device=self._pool.device), span)
-            del span
+            self._store(indices, slot, start, end)
         for key in reversed(keys):
             self._blocks.move_to_end(key)
         return len(new)
+
+    def _store(self, rows: list[int], slot: int, start: int, end: int) -> None:
+        """Copy positions ``[start, end)`` of ``slot`` (``len(rows)`` whole blocks) into pool ``rows``, in order: K and V
+        of every layer in one copy each, from the slot's strided view into the pool's block-major rows. Consecutive
+        rows (a fresh pool hands them out in order, and reusing the least recently used blocks often gives back
+        blocks stored together) take a plain strided copy; others one indexed copy (``index_put_``). Either way the
+        bytes are moved once, where gathering them into a temporary ``[n, L, 2, H, B, D]`` span first, then
+        ``index_copy_`` into the pool, moved them twice (``python -m devtools.bench.finish_probe``;
+        docs/overhead-levers.md, lever 62)."""
+        n = len(rows)
+        L, H, B, D = self.kv.num_layers, self._pool.shape[3], self.block_size, self._pool.shape[5]
+        first = rows[0]
+        consecutive = rows == list(range(first, first + n))
+        index = None if consecutive else torch.tensor(rows, device=self._pool.device)
+        for kv_index, stack in enumerate((self.kv.k_stack, self.kv.v_stack)):  # every layer at once
+            # [n, L, H, B, D]: the slot's positions as whole blocks, block-major as the pool's rows (a strided view)
+            blocks = stack[:, slot, :, start:end].view(L, H, n, B, D).permute(2, 0, 1, 3, 4)
+            if index is None:
+                self._pool[first : first + n, :, kv_index].copy_(blocks)
+            else:
+                self._pool[index, :, kv_index] = blocks
 
     def evict_to(self, max_tokens: int) -> int:
         """Evict least recently used blocks until at most ``max_tokens`` tokens are held, handing their pages back to

@@ -120,6 +120,13 @@ class Scheduler:
             except ValueError:
                 pass
 
+    def release_many(self, requests: list[Request]) -> None:
+        """Drop the running requests one step finished and free their KV slots in one compaction
+        (:meth:`.KVCache.release_many`: at most one K/V copy per request that goes on running)."""
+        self.kv.release_many(requests)
+        gone = {id(r) for r in requests}
+        self.running[:] = [r for r in self.running if id(r) not in gone]
+
     # ------------------------------------------------------------------ one step
     def schedule(self) -> ScheduledStep | None:
         """Build the next step's batch; ``None`` when there is nothing to run."""

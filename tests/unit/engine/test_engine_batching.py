@@ -8,7 +8,7 @@ import pytest
 
 from inference.engine import SamplingParams
 
-from .helpers import assert_greedy_equal, collect, event_tokens, reference_greedy
+from .helpers import assert_greedy_equal, collect, event_tokens, greedy_tokens, reference_greedy
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
 
@@ -126,3 +126,22 @@ def test_step_returns_tokens_processed(make_engine, tokenizer):
     assert engine.step() == 1  # one decode
     engine.run_until_idle()
     assert engine.step() == 0
+
+
+def test_requests_finishing_in_one_step_free_their_slots_together_and_the_rest_decode_exactly(
+    make_engine, tiny_loaded, references
+):
+    """Four of six requests end in the same step (``Scheduler.release_many``: the survivors in slots 1 and 4 are
+    compacted into slots 0 and 1 after the step's last token); the two survivors' tokens, before and after that
+    step, are the tokens each prompt gets alone, and the four finished ones' are the same prompts' first tokens."""
+    prompts, _ = references
+    lengths = [4, 12, 4, 4, 12, 4]
+    engine = make_engine(max_num_batched_tokens=512, max_num_seqs=8)
+    finished_per_step = []
+    engine.add_step_listener(lambda stats: finished_per_step.append(stats.num_finished))
+    together = greedy_tokens(engine, prompts, lengths)
+    assert 4 in finished_per_step
+    assert engine.kv.num_active == 0 and engine.load().kv_used_tokens == 0
+    for prompt, n, got in zip(prompts, lengths, together, strict=True):
+        alone = greedy_tokens(make_engine(max_num_batched_tokens=512, max_num_seqs=8), [prompt], [12])[0]
+        assert got == alone[:n]

@@ -122,7 +122,8 @@ def test_layers_share_one_tensor_and_compaction_and_the_prefix_cache_copy_all_la
     cache = PrefixCache(kv, block_size=16, capacity_tokens=256)
     with _CountCalls() as counted:
         assert cache.insert(list(range(48)), "user:1", done.slot, 48) == 3
-    assert counted.calls.get("copy_", 0) == 2 and counted.calls.get("index_copy_", 0) == 1, counted.calls
+    # A fresh pool hands out consecutive rows: one strided copy each for K and V, no gather first (lever 62).
+    assert counted.calls.get("copy_", 0) == 2 and counted.calls.get("index_copy_", 0) == 0, counted.calls
     assert all(
         cache.block(key)[layer, 0].min() == 10.0 * (layer + 1)
         for key in cache._blocks
@@ -141,3 +142,93 @@ def test_layers_share_one_tensor_and_compaction_and_the_prefix_cache_copy_all_la
         assert cache.load_prefix(list(range(49)), "user:1", again.slot) == 48
     assert counted.calls.get("copy_", 0) == 2, counted.calls
     assert all(kv.k[layer][again.slot, :, :48].min() == 10.0 * (layer + 1) for layer in range(layers))
+
+
+def _filled(kv: KVCache, owners: list[Owner], written: int) -> None:
+    """Allocate every owner and write ``written`` positions of its slot with its own index."""
+    for i, owner in enumerate(owners):
+        assert kv.try_allocate(owner, written + 10)
+        owner.num_cached = written
+        for layer in range(2):
+            kv.k[layer][owner.slot, :, :written] = float(i + 1)
+            kv.v[layer][owner.slot, :, :written] = -float(i + 1)
+
+
+def test_release_many_moves_each_survivor_at_most_once_and_keeps_its_kv(monkeypatch):
+    kv = _cache(slots=8, slot_len=256, budget=8 * 256)
+    owners = [Owner() for _ in range(8)]
+    _filled(kv, owners, 100)
+    copies = []
+    real_copy = torch.Tensor.copy_
+
+    def counting_copy(self, src, *args, **kwargs):
+        copies.append(tuple(src.shape))
+        return real_copy(self, src, *args, **kwargs)
+
+    finished = [owners[i] for i in (0, 2, 3, 5, 7)]  # slots 1, 4 and 6 go on running
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
+    kv.release_many(finished)
+    monkeypatch.undo()
+    # Three slots stay active; of the survivors only slots 4 and 6 lay past the new end: one copy each for K and V.
+    assert kv.num_active == 3 and len(copies) == 4
+    assert kv.used_tokens == 3 * 110 and all(o.slot == -1 for o in finished)
+    survivors = {i: owners[i] for i in (1, 4, 6)}
+    assert sorted(o.slot for o in survivors.values()) == [0, 1, 2] and survivors[1].slot == 1
+    for i, owner in survivors.items():
+        for layer in range(2):
+            assert kv.k[layer][owner.slot, :, :100].eq(float(i + 1)).all()
+            assert kv.v[layer][owner.slot, :, :100].eq(-float(i + 1)).all()
+    # One at a time, the same finishes cost one copy each for K and V per finish below the last slot.
+    kv2 = _cache(slots=8, slot_len=256, budget=8 * 256)
+    owners2 = [Owner() for _ in range(8)]
+    _filled(kv2, owners2, 100)
+    copies.clear()
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
+    for i in (0, 2, 3, 5, 7):
+        kv2.release(owners2[i])
+    monkeypatch.undo()
+    assert len(copies) > 4 and kv2.num_active == 3 and kv2.used_tokens == kv.used_tokens
+
+
+def test_release_many_skips_owners_without_an_active_slot_and_frees_the_rest():
+    kv = _cache(slots=4, slot_len=256, budget=4 * 256)
+    a, b, c = Owner(), Owner(), Owner()
+    _filled(kv, [a, b, c], 50)
+    kv.release(a)  # c moved into slot 0
+    stranger = Owner()
+    kv.release_many([a, stranger, b])  # a is already free, the stranger never held a slot
+    assert (kv.num_active, kv.used_tokens, b.slot, c.slot) == (1, 60, -1, 0)
+    assert kv.k[0][0, :, :50].eq(3.0).all()
+    kv.release_many([])
+    kv.release_many([c])
+    assert (kv.num_active, kv.used_tokens, c.slot) == (0, 0, -1)
+
+
+def test_the_prefix_cache_stores_blocks_in_scattered_rows_with_one_indexed_copy_each_for_k_and_v():
+    """Rows that are not consecutive (a pool whose blocks were evicted and reused out of order) take one indexed copy
+    each for K and V, straight from the slot, and every block lands in its own row (lever 62)."""
+    from inference.engine.prefix_cache import PrefixCache
+
+    layers = 4
+    kv = KVCache(layers, 2, 64, 2, 256, 512, torch.float32, torch.device("cpu"))
+    done = Owner()
+    assert kv.try_allocate(done, 100)
+    done.num_cached = 48
+    for layer in range(layers):
+        for block in range(3):  # each block's positions hold its own number, K positive and V negative
+            kv.k[layer][done.slot, :, block * 16 : (block + 1) * 16] = 100.0 * layer + block
+            kv.v[layer][done.slot, :, block * 16 : (block + 1) * 16] = -(100.0 * layer + block)
+    cache = PrefixCache(kv, block_size=16, capacity_tokens=256)
+    cache._free = [9, 2, 7]  # pops 7, 2, 9: the chain's blocks in scattered rows
+    with _CountCalls() as counted:
+        assert cache.insert(list(range(48)), "user:1", done.slot, 48) == 3
+    assert counted.calls.get("__setitem__", 0) == 2 and counted.calls.get("copy_", 0) == 0, counted.calls
+    assert sorted(cache._blocks.values()) == [2, 7, 9]
+    again = Owner()
+    assert kv.try_allocate(again, 100)
+    assert cache.load_prefix(list(range(49)), "user:1", again.slot) == 48
+    for layer in range(layers):
+        for block in range(3):
+            positions = slice(block * 16, (block + 1) * 16)
+            assert kv.k[layer][again.slot, :, positions].eq(100.0 * layer + block).all()
+            assert kv.v[layer][again.slot, :, positions].eq(-(100.0 * layer + block)).all()
