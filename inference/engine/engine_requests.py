@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .request import (
     FinishEvent,
@@ -47,10 +49,19 @@ class RequestLifecycleMixin:
             with self._cond:
                 released, self._deferred_releases = self._deferred_releases, None
                 if released:
-                    kv_at, kv_cpu = time.perf_counter(), time.thread_time()
-                    self._scheduler.release_many(released)
-                    self._step_finish_kv_s += time.perf_counter() - kv_at
-                    self._step_finish_kv_cpu_s += time.thread_time() - kv_cpu
+                    with self._finish_kv_timed():
+                        self._scheduler.release_many(released)
+
+    @contextmanager
+    def _finish_kv_timed(self) -> Iterator[None]:
+        """Add the block's wall time and the loop thread's CPU time to this step's finished requests' K/V work
+        (``StepStats.finish_kv_s``, ``finish_kv_cpu_s``; seconds)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self._step_finish_kv_s += time.perf_counter() - wall
+            self._step_finish_kv_cpu_s += time.thread_time() - cpu
 
     def _append_token(self, req: Request, token: int, now: float) -> None:
         req.output_token_ids.append(token)
@@ -93,15 +104,15 @@ class RequestLifecycleMixin:
             if stopped and reason == "length":
                 reason = "stop"
         if req.status is RequestStatus.RUNNING:
-            kv_at, kv_cpu = time.perf_counter(), time.thread_time()
-            if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
-                self._keep_prefix(req)
-            if self._deferred_releases is not None:  # applying a step's results: freed after its last token
-                self._deferred_releases.append(req)
-            else:
-                self._scheduler.release(req)
-            self._step_finish_kv_s += time.perf_counter() - kv_at
-            self._step_finish_kv_cpu_s += time.thread_time() - kv_cpu
+            with self._finish_kv_timed():
+                if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
+                    self._keep_prefix(req)
+                if (
+                    self._deferred_releases is not None
+                ):  # applying a step's results: freed after its last token
+                    self._deferred_releases.append(req)
+                else:
+                    self._scheduler.release(req)
             self._step_finished += 1
             if self._deferred_releases is None:
                 self._fit_kv_memory()

@@ -114,11 +114,7 @@ class Scheduler:
     def release(self, request: Request) -> None:
         """Drop a running request and free its KV slot (compacting the cache)."""
         if request.status is RequestStatus.RUNNING:
-            self.kv.release(request)
-            try:
-                self.running.remove(request)
-            except ValueError:
-                pass
+            self.release_many([request])
 
     def release_many(self, requests: list[Request]) -> None:
         """Drop the running requests one step finished and free their KV slots in one compaction
