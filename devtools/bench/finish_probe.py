@@ -130,9 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and all(
-        a.isdigit() for a in sys.argv[1:]
-    ):  # a --checkouts run: measure()'s arguments
+    # A --checkouts run: measure()'s five arguments.
+    if len(sys.argv) == 6 and all(a.isdigit() for a in sys.argv[1:]):
         sys.path[0] = os.getcwd()  # the checkout measured (the working directory), not this file's directory
         print(json.dumps(measure(*map(int, sys.argv[1:]))))
     else:

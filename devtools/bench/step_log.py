@@ -35,37 +35,39 @@ def spread(values: list[float]) -> str:
     return median_range(values, "{:.1f}")
 
 
+def kind_of(step: dict, *, min_finishes: int = 10, min_batch: int = 28) -> str:
+    """The kind of one logged step, in this order of precedence: "finishing" (at least ``min_finishes`` requests
+    finished, prompt tokens or not), "prefill" (any prompt tokens), "steady decode" (no request finished, a batch
+    of at least ``min_batch``), "other" (smaller decode batches, steps finishing fewer requests)."""
+    if step["num_finished"] >= min_finishes:
+        return "finishing"
+    if step["num_prefill_tokens"] > 0:
+        return "prefill"
+    if step["num_finished"] == 0 and step["batch_size"] >= min_batch:
+        return "steady decode"
+    return "other"
+
+
 def summarise(steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28) -> dict:
     """``{"decode": [...], "finishing": [...]}``: the steady decode's steps and the finishing steps (dicts of
-    the log's fields, seconds), as the module docstring defines them."""
-    decode = [
-        s
-        for s in steps
-        if s["num_prefill_tokens"] == 0 and s["num_finished"] == 0 and s["batch_size"] >= min_batch
-    ]
-    finishing = [s for s in steps if s["num_finished"] >= min_finishes]
-    return {"decode": decode, "finishing": finishing}
+    the log's fields, seconds), as :func:`kind_of` sorts them."""
+    kinds = [kind_of(s, min_finishes=min_finishes, min_batch=min_batch) for s in steps]
+    return {
+        "decode": [s for s, kind in zip(steps, kinds, strict=True) if kind == "steady decode"],
+        "finishing": [s for s, kind in zip(steps, kinds, strict=True) if kind == "finishing"],
+    }
 
 
 def time_by_kind(
     steps: list[dict], *, min_finishes: int = 10, min_batch: int = 28
 ) -> list[tuple[str, int, float]]:
-    """``[(kind, steps, seconds), ...]``: the sum of ``duration_s`` over each kind of step, every step counted
-    once, in this order of precedence: "finishing" (at least ``min_finishes`` requests finished, prompt tokens
-    or not), "prefill" (any prompt tokens), "steady decode" (as :func:`summarise` defines it), "other" (smaller
-    decode batches, steps finishing fewer requests)."""
+    """``[(kind, steps, seconds), ...]``: the sum of ``duration_s`` over each kind of step (:func:`kind_of`),
+    every step counted once."""
     kinds = {"finishing": [0, 0.0], "prefill": [0, 0.0], "steady decode": [0, 0.0], "other": [0, 0.0]}
     for s in steps:
-        if s["num_finished"] >= min_finishes:
-            kind = "finishing"
-        elif s["num_prefill_tokens"] > 0:
-            kind = "prefill"
-        elif s["num_finished"] == 0 and s["batch_size"] >= min_batch:
-            kind = "steady decode"
-        else:
-            kind = "other"
-        kinds[kind][0] += 1
-        kinds[kind][1] += s["duration_s"]
+        totals = kinds[kind_of(s, min_finishes=min_finishes, min_batch=min_batch)]
+        totals[0] += 1
+        totals[1] += s["duration_s"]
     return [(kind, count, seconds) for kind, (count, seconds) in kinds.items()]
 
 
