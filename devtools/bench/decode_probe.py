@@ -11,7 +11,9 @@ with ``--neighbour`` to add a CPU-bound process (``python -c 'while True: pass'`
 for a share ``D`` of the wall time and sleeps in between: in a thread of this process it holds the GIL through each
 burst, as the GPU worker's Celery consumer and reply threads do beside its engine loop; in a process of its own it
 takes the same CPU without touching the GIL. The two, side by side, tell how much of a neighbour's cost is the shared
-GIL and how much the shared CPU (docs/overhead-levers.md, round 39).
+GIL and how much the shared CPU (docs/overhead-levers.md, round 39). ``--neighbour-cpu C`` holds that process to CPU
+``C``; with ``OMP_PLACES="{0},{1}" OMP_PROC_BIND=close`` in the environment the engine's thread runs on CPU 0 and
+its OpenMP worker on CPU 1, so a neighbour can be put beside either (round 43).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def _duty_loop(duty: float, burst_s: float, stop=None) -> None:
         time.sleep(max(0.0, period - burst_s))
 
 
+def _pinned_duty_loop(cpu: int, duty: float, burst_s: float) -> None:
+    """:func:`_duty_loop` in a process held to one CPU (``os.sched_setaffinity``)."""
+    os.sched_setaffinity(0, {cpu})
+    _duty_loop(duty, burst_s)
+
+
 def _start_neighbour(args):
     """The neighbour for the timed steps: ``(stop, kind)``; ``stop()`` ends it. ``kind`` names it in the output."""
     if args.neighbour:
@@ -45,9 +53,14 @@ def _start_neighbour(args):
     if args.duty:
         burst_s = args.burst_ms / 1000
         if args.duty_in == "process":
-            proc = multiprocessing.get_context("spawn").Process(target=_duty_loop, args=(args.duty, burst_s))
+            spawn = multiprocessing.get_context("spawn")
+            if args.neighbour_cpu is None:
+                proc = spawn.Process(target=_duty_loop, args=(args.duty, burst_s))
+            else:
+                proc = spawn.Process(target=_pinned_duty_loop, args=(args.neighbour_cpu, args.duty, burst_s))
             proc.start()
-            return (lambda: (proc.terminate(), proc.join())), f"process at duty {args.duty}"
+            where = "" if args.neighbour_cpu is None else f" on CPU {args.neighbour_cpu}"
+            return (lambda: (proc.terminate(), proc.join())), f"process at duty {args.duty}{where}"
         done = threading.Event()
         thread = threading.Thread(target=_duty_loop, args=(args.duty, burst_s, done.is_set), daemon=True)
         thread.start()
@@ -65,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "--duty", type=float, default=0.0, help="share of wall time the duty neighbour is busy (0-1)"
     )
     p.add_argument("--duty-in", choices=["thread", "process"], default="thread")
+    p.add_argument("--neighbour-cpu", type=int, default=None, help="hold the duty process to this CPU")
     p.add_argument(
         "--burst-ms", type=float, default=0.5, help="length of each of the duty neighbour's bursts"
     )
@@ -75,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--duty must be in [0, 1) and --burst-ms above 0")
     if args.neighbour and args.duty:
         p.error("one neighbour at a time: --neighbour or --duty, not both")
+    if args.neighbour_cpu is not None and not (args.duty and args.duty_in == "process"):
+        p.error("--neighbour-cpu holds a duty process: give --duty D --duty-in process with it")
+    if args.neighbour_cpu is not None and args.neighbour_cpu not in os.sched_getaffinity(0):
+        p.error(f"--neighbour-cpu {args.neighbour_cpu}: not a CPU this process may run on")
 
     from inference.engine import EngineConfig, LLMEngine, SamplingParams, load_model
     from inference.engine.config import DEFAULT_MODEL_SPEC
@@ -113,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "neighbour": neighbour,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", ""),
+        "omp_places": os.environ.get("OMP_PLACES", ""),
         "step_ms": round(wall / args.steps * 1e3, 1),
         "decode_tok_s": round(args.n * args.steps / wall, 1),
         "cpu_per_wall": round(cpu / wall, 2),

@@ -3,6 +3,7 @@ process of its own, busy about its share of the time, and ends when the probe st
 
 import argparse
 import multiprocessing
+import os
 import threading
 import time
 
@@ -14,7 +15,7 @@ from devtools.management.commands.bench_burst import cpu_s
 
 
 def _args(**kw):
-    base = {"neighbour": False, "duty": 0.0, "duty_in": "thread", "burst_ms": 0.5}
+    base = {"neighbour": False, "duty": 0.0, "duty_in": "thread", "burst_ms": 0.5, "neighbour_cpu": None}
     return argparse.Namespace(**(base | kw))
 
 
@@ -54,12 +55,30 @@ def test_a_process_neighbour_runs_apart_and_is_terminated():
     assert child.exitcode is not None
 
 
+def test_a_process_neighbour_can_be_held_to_one_cpu():
+    cpu = max(os.sched_getaffinity(0))
+    stop, kind = decode_probe._start_neighbour(_args(duty=0.5, duty_in="process", neighbour_cpu=cpu))
+    assert kind == f"process at duty 0.5 on CPU {cpu}"
+    (child,) = multiprocessing.active_children()
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).cpu_affinity() != [cpu] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the spawned interpreter sets it once it runs the target
+    assert psutil.Process(child.pid).cpu_affinity() == [cpu]
+    stop()
+    assert not child.is_alive()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["2", "1", "--duty", "1.0"], "--duty must be in [0, 1)"),
         (["2", "1", "--duty", "0.2", "--burst-ms", "0"], "--duty must be in [0, 1)"),
         (["2", "1", "--duty", "0.2", "--neighbour"], "--neighbour or --duty, not both"),
+        (["2", "1", "--duty", "0.2", "--neighbour-cpu", "0"], "give --duty D --duty-in process"),
+        (
+            ["2", "1", "--duty", "0.2", "--duty-in", "process", "--neighbour-cpu", "4096"],
+            "not a CPU this process",
+        ),
     ],
 )
 def test_bad_duty_options_are_refused_before_the_model_loads(argv, message, capsys):
