@@ -104,17 +104,17 @@ class RequestLifecycleMixin:
             if stopped and reason == "length":
                 reason = "stop"
         if req.status is RequestStatus.RUNNING:
+            deferred = self._deferred_releases  # a list while a step's results are applied
             with self._finish_kv_timed():
                 if reason != "error" and req.num_cached > 0 and self.prefix_cache.enabled:
                     self._keep_prefix(req)
-                if (
-                    self._deferred_releases is not None
-                ):  # applying a step's results: freed after its last token
-                    self._deferred_releases.append(req)
+                if deferred is not None:
+                    # freed after the step's last token (_apply_results); step() then fits the memory target
+                    deferred.append(req)
                 else:
                     self._scheduler.release(req)
             self._step_finished += 1
-            if self._deferred_releases is None:
+            if deferred is None:
                 self._fit_kv_memory()
         elif req.status is RequestStatus.WAITING:
             self._scheduler.remove_waiting(req)
