@@ -306,6 +306,8 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
         adaptive = None
         if self.config.adaptive_threads and self.loaded.device.type == "cpu" and num_threads > 1:
             adaptive = AdaptiveThreads(num_threads)  # see threads.py: follow CPU contention
+            # a long (prefill) step is judged between its layers too, not only after it ends
+            self._runner.between_layers = lambda: self._apply_threads(adaptive.poll_within_step())
         try:
             while True:
                 with self._cond:
@@ -329,6 +331,8 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                 if idle and adaptive is not None:
                     # judge the contention of the last window, not of the whole idle spell (threads.py)
                     self._apply_threads(adaptive.resume())
+                if adaptive is not None:
+                    adaptive.step_started()
                 try:
                     self.step()
                 except Exception:  # step() already isolates request failures; be defensive
@@ -337,6 +341,7 @@ class LLMEngine(ClientApiMixin, RequestLifecycleMixin):
                 if adaptive is not None:
                     self._apply_threads(adaptive.poll())
         finally:
+            self._runner.between_layers = None
             self._abort_all()
 
     def _apply_threads(self, threads: int | None) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +156,8 @@ class ModelRunner(AttentionMixin, PointwiseMixin):
         self.layers: list[_Layer] = [
             self._layer(layer, natives, blocks_of, release_weights) for layer in model.model.layers
         ]
+        #: Called before each layer but the first (the engine's thread-count check within long steps); None: none.
+        self.between_layers: Callable[[], None] | None = None
         #: Steps of up to this many rows run their projections on the AMX kernel (no padding to ROW_BUCKET); 0: none.
         self.amx_rows = self.layers[0].qkv.rows_upto("linear_amx") if self.layers else 0
         embed_tokens = model.model.embed_tokens
@@ -350,7 +353,10 @@ class ModelRunner(AttentionMixin, PointwiseMixin):
             x = F.pad(x, (0, 0, 0, padded - T))
         qk_width = (nh + nkv) * hd
         delta: torch.Tensor | None = None  # the last MLP's output, added to x together with the next norm
+        between = self.between_layers
         for li, lw in enumerate(self.layers):
+            if between is not None and li:
+                between()
             h = self._add_rms_norm(x, delta, lw.ln1)
             qkv = lw.qkv(h)[:T]
             k_cache, v_cache = kv.k[li], kv.v[li]

@@ -29,8 +29,8 @@ class StepStats:
         kv_total_tokens: KV token budget.
         num_preemptions: Requests preempted in this step (always 0: this engine reserves a
             request's whole KV at admission and never preempts).
-        num_threads: Intra-op CPU threads the engine used (adapts to contention, see
-            :class:`~inference.engine.threads.AdaptiveThreads`).
+        num_threads: Intra-op CPU threads the engine used as the step ended (adapts to contention, see
+            :class:`~inference.engine.threads.AdaptiveThreads`; a long step may change it between layers).
         forward_s: Wall seconds of the forward pass and sampling.
         apply_s: Wall seconds of applying the sampled tokens: streaming them, detokenizing, finishing requests.
         apply_cpu_s: CPU seconds the loop thread used for that (``time.thread_time``; the intra-op threads'

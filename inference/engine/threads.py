@@ -223,6 +223,8 @@ class AdaptiveThreads:
         self._next = time.monotonic() + interval_s
         self._calm = 0
         self._idle_other: float | None = None
+        self._step_started = float("inf")  # no step yet: poll_within_step() judges nothing
+        self._last_judged = float("-inf")
         self.changes = 0
 
     def target(self, other_cores: float) -> int:
@@ -255,7 +257,8 @@ class AdaptiveThreads:
         if (other is None or window < self.MIN_WINDOW_S) and self._idle_other is not None:
             other = self._idle_other
         self._idle_other = None
-        self._next = time.monotonic() + self.interval_s
+        self._last_judged = time.monotonic()
+        self._next = self._last_judged + self.interval_s
         self._calm = 0
         want = self.max_threads if other is None else self.target(other)
         if want == self.current:
@@ -269,7 +272,31 @@ class AdaptiveThreads:
         now = time.monotonic()
         if now < self._next:
             return None
+        return self._judge(now)
+
+    def step_started(self) -> None:
+        """Call as a step begins; :meth:`poll_within_step` measures the step's length from here."""
+        self._step_started = time.monotonic()
+
+    def poll_within_step(self) -> int | None:
+        """Call between layers of a step. Returns a new thread count to apply now, or ``None``.
+
+        Judges only steps that have already run ``MIN_WINDOW_S``, on windows of that length (as :meth:`poll`
+        does between steps), so a decode step of tens of milliseconds never samples here. Why: a long prefill step
+        keeps the count it started with. A 32-send burst's prefill starts as the web process finishes admitting the
+        sends, on the one thread the burst left the engine, and then runs 0.3 s at one thread beside idle
+        neighbours; 30 prompts of 40 tokens took 255-279 ms at one thread and 167-183 at two alone (Intel Xeon
+        Emerald Rapids, bf16, 2 vCPUs, 2026-12-08; docs/overhead-levers.md, lever 63). The other way, a neighbour
+        that wakes during a long step at all threads costs the step every barrier until it ends.
+        """
+        now = time.monotonic()
+        if now - self._step_started < self.MIN_WINDOW_S or now < self._last_judged + self.MIN_WINDOW_S:
+            return None
+        return self._judge(now)
+
+    def _judge(self, now: float) -> int | None:
         self._next = now + self.interval_s
+        self._last_judged = now
         other = self._monitor.sample()
         if other is None:
             return None

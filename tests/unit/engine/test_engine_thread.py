@@ -113,6 +113,45 @@ def test_first_step_after_idle_leaves_a_busy_neighbour_its_core(make_engine, tok
     assert seen and seen[0] == 1, seen
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to step between 1 and 2 threads")
+def test_a_step_that_started_on_one_thread_steps_up_between_its_layers(make_engine, tokenizer, monkeypatch):
+    # Lever 63: the contention reading is busy until the first step starts (a burst of admissions beside the engine)
+    # and calm after; the step is judged between its layers (every layer here: the window is 0 s), so it ends on
+    # both threads instead of keeping the one it started with until the next step.
+    from inference.engine import engine as engine_module
+    from inference.engine.threads import AdaptiveThreads
+
+    class _Burst:
+        last_window_s = 0.5
+        over = False
+
+        def sample(self):
+            return 0.0 if self.over else 1.0
+
+    class _Judged(AdaptiveThreads):
+        MIN_WINDOW_S = 0.0
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._monitor = _Burst()
+
+        def step_started(self):
+            super().step_started()
+            self._monitor.over = True
+
+    monkeypatch.setattr(engine_module, "AdaptiveThreads", _Judged)
+    engine = make_engine(num_threads=2)
+    seen: list[int] = []
+    engine.add_step_listener(lambda stats: seen.append(stats.num_threads))
+    engine.start()
+    time.sleep(1.0 + 2 * 0.25)  # the idle trim, then idle ticks that read the burst
+    params = SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True)
+    engine.submit(tokenizer.encode("hello " * 20), params).result(timeout=60)
+    assert seen and seen[0] == 2, seen
+    engine.shutdown(timeout=10)
+    assert engine._runner.between_layers is None
+
+
 def test_finished_requests_kv_pages_are_kept_during_a_burst_and_handed_back_when_idle(
     make_engine, monkeypatch
 ):

@@ -102,3 +102,31 @@ def test_monitor_sees_a_cpu_bound_neighbour():
         neighbour.kill()
         neighbour.wait()
     assert other is not None and other >= 0.5  # the neighbour alone is ~1 core (others only add)
+
+
+def test_a_long_step_is_judged_between_its_layers_on_short_windows():
+    # Lever 63: a burst's prefill that started on one thread steps up once a calm MIN_WINDOW_S of it has passed,
+    # instead of running the whole step (0.3 s) on the thread the burst left it.
+    policy = AdaptiveThreads(2)
+    policy._monitor = _Script([1.0, 1.0, 0.1, 1.2])
+    policy.idle_tick()
+    assert policy.resume() == 1
+    policy.step_started()
+    assert policy.poll_within_step() is None  # the step has not run MIN_WINDOW_S yet: no sample taken
+    assert policy._monitor.values == [0.1, 1.2]
+    policy._step_started -= AdaptiveThreads.MIN_WINDOW_S
+    policy._last_judged -= AdaptiveThreads.MIN_WINDOW_S
+    assert policy.poll_within_step() == 2 and policy.current == 2  # calm window: up at once
+    assert policy.poll_within_step() is None  # judged MIN_WINDOW_S ago at the latest: not again yet
+    policy._last_judged -= AdaptiveThreads.MIN_WINDOW_S
+    assert policy.poll_within_step() == 1  # a neighbour that wakes mid-step gets its core back at once
+    assert policy.poll() is None  # the step's end does not judge the short window since again
+
+
+def test_decode_steps_shorter_than_the_window_never_sample_within_the_step():
+    policy = AdaptiveThreads(2)
+    policy._monitor = _Script([])  # any sample would fail
+    for _ in range(50):
+        policy.step_started()
+        assert policy.poll_within_step() is None
+    assert policy.changes == 0
