@@ -281,13 +281,17 @@ class AdaptiveThreads:
     def poll_within_step(self) -> int | None:
         """Call between layers of a step. Returns a new thread count to apply now, or ``None``.
 
-        Judges only steps that have already run ``MIN_WINDOW_S``, on windows of that length (as :meth:`poll`
-        does between steps), so a decode step of tens of milliseconds never samples here. Why: a long prefill step
-        keeps the count it started with. A 32-send burst's prefill starts as the web process finishes admitting the
-        sends, on the one thread the burst left the engine, and then runs 0.3 s at one thread beside idle
-        neighbours; 30 prompts of 40 tokens took 255-279 ms at one thread and 167-183 at two alone (Intel Xeon
-        Emerald Rapids, bf16, 2 vCPUs, 2026-12-08; docs/overhead-levers.md, lever 63). The other way, a neighbour
-        that wakes during a long step at all threads costs the step every barrier until it ends.
+        Judges only a step that has already run ``MIN_WINDOW_S``, and then at most once per ``MIN_WINDOW_S``, each
+        time on the window since the last sample (between steps :meth:`poll` waits ``interval_s``), with
+        :meth:`poll`'s rule: down at once, up after ``calm_windows`` calm windows. A decode step of tens of
+        milliseconds never samples here.
+
+        Why: otherwise a step keeps the count it started with to its end. A 32-send burst's prefill starts as the web
+        process finishes admitting the sends, on the one thread the burst left the engine, and runs 0.3 s on it
+        beside neighbours gone quiet (30 prompts of 40 tokens alone: 255-279 ms at one thread, 167-183 at two); a
+        CPU-bound neighbour that wakes during a long step at all threads costs it every barrier until it ends.
+        ``python -m devtools.bench.burst_probe``, before/after: 281/234 ms and 853/378 ms for those two cases (Intel
+        Xeon Emerald Rapids, bf16, 2 vCPUs, 2026-12-08; docs/overhead-levers.md, lever 63).
         """
         now = time.monotonic()
         if now - self._step_started < self.MIN_WINDOW_S or now < self._last_judged + self.MIN_WINDOW_S:
