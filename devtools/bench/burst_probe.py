@@ -2,8 +2,9 @@
 [--prompts 30] [--length 40]``: how long a burst's prefill takes when a neighbour process changes what the engine's
 CPUs are free for around it, with the engine's adaptive thread count (``AdaptiveThreads``) as a GPU worker runs it.
 
-The default model (from ``$MODEL_CACHE_DIR``, else ``var/models``, as ``manage.py prepare_model`` leaves it) in its native dtype (bfloat16 on a CPU with AVX-512 BF16) on the CPUs this process may use,
-started as the worker starts it (the loop thread, adaptive threads, no prefix cache). A burst is ``--prompts``
+The default model (from ``$MODEL_CACHE_DIR``, else ``var/models``, as ``manage.py prepare_model`` leaves it) in its
+native dtype (bfloat16 on a CPU with AVX-512 BF16) on the CPUs this process may use, started as the worker starts it
+(the loop thread, adaptive threads, no prefix cache). A burst is ``--prompts``
 distinct prompts of ``--length`` tokens submitted together, one new token each, timed from the submissions until
 every one has its token: on the default step budget that is one prefill step. Around each burst, after 1.5 s of
 idle:

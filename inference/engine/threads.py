@@ -220,11 +220,11 @@ class AdaptiveThreads:
         self.calm_windows = max(1, calm_windows)
         self.current = self.max_threads
         self._monitor = CpuShareMonitor()
-        self._next = time.monotonic() + interval_s
         self._calm = 0
         self._idle_other: float | None = None
         self._step_started = float("inf")  # no step yet: poll_within_step() judges nothing
-        self._last_judged = float("-inf")
+        #: When resume(), poll() or poll_within_step() last judged the contention; poll() waits interval_s from here.
+        self._last_judged = time.monotonic()
         self.changes = 0
 
     def target(self, other_cores: float) -> int:
@@ -258,7 +258,6 @@ class AdaptiveThreads:
             other = self._idle_other
         self._idle_other = None
         self._last_judged = time.monotonic()
-        self._next = self._last_judged + self.interval_s
         self._calm = 0
         want = self.max_threads if other is None else self.target(other)
         if want == self.current:
@@ -270,7 +269,7 @@ class AdaptiveThreads:
     def poll(self) -> int | None:
         """Call between steps. Returns a new thread count to apply, or ``None`` to keep the current one."""
         now = time.monotonic()
-        if now < self._next:
+        if now < self._last_judged + self.interval_s:
             return None
         return self._judge(now)
 
@@ -299,7 +298,6 @@ class AdaptiveThreads:
         return self._judge(now)
 
     def _judge(self, now: float) -> int | None:
-        self._next = now + self.interval_s
         self._last_judged = now
         other = self._monitor.sample()
         if other is None:
